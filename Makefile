@@ -1,0 +1,36 @@
+# Two commands do all set-up from a fresh clone:
+#   make demo   create .venv if missing, install torch + the project, train examples/digits.py on the CPU
+#   make test   same set-up, then the whole test suite
+# TORCH=... overrides the torch requirement (default: the CPU build that installs from local disk here).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+EXTRAS ?= test
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test install bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/digits.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/import_time.py
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,107 @@
+"""Accelerator and device resolution: turn ``accelerator=``/``devices=`` into a list of ``torch.device``."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from strategies.errors import ConfigurationError
+
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+
+
+def _mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def resolve_accelerator(accelerator: Any) -> str:
+    """Return ``"cpu"``, ``"cuda"`` or ``"mps"`` for an ``accelerator=`` argument, or raise a clear error."""
+    if not isinstance(accelerator, str) or accelerator.lower() not in ACCELERATORS:
+        raise ConfigurationError(
+            f"accelerator={accelerator!r} is not known. Valid values: {', '.join(repr(a) for a in ACCELERATORS)}."
+        )
+    name = accelerator.lower()
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if _mps_available() else "cpu"
+    if name in ("gpu", "cuda"):
+        if torch.cuda.device_count() == 0:
+            found = "this PyTorch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ConfigurationError(
+                f"accelerator={accelerator!r} was requested but {found} (torch.cuda.device_count() == 0"
+                f"{', CUDA_VISIBLE_DEVICES=' + repr(os.environ['CUDA_VISIBLE_DEVICES']) if 'CUDA_VISIBLE_DEVICES' in os.environ else ''}). "
+                "Use accelerator='cpu' (or 'auto') to train on the CPU."
+            )
+        return "cuda"
+    if name == "mps" and not _mps_available():
+        raise ConfigurationError("accelerator='mps' was requested but MPS is not available on this machine. Use 'cpu'.")
+    return name
+
+
+def device_count(kind: str) -> int:
+    """How many devices of this kind exist (CPU: the number of cores, for information only)."""
+    if kind == "cuda":
+        return torch.cuda.device_count()
+    if kind == "mps":
+        return 1 if _mps_available() else 0
+    return os.cpu_count() or 1
+
+
+def parse_devices(kind: str, devices: Any) -> list[torch.device]:
+    """Resolve ``devices=`` (``"auto"``, an int, ``-1`` or a list of indices) for accelerator ``kind``.
+
+    On the CPU ``devices=N`` means N processes, each on ``cpu``. On CUDA/MPS the request is checked against
+    what exists, and the error says what was found.
+    """
+    if isinstance(devices, str):
+        text = devices.strip().lower()
+        if text == "auto":
+            count = device_count(kind) if kind == "cuda" else 1
+            return _devices(kind, list(range(count)))
+        try:
+            devices = [int(x) for x in text.split(",") if x.strip()] if "," in text else int(text)
+        except ValueError:
+            raise ConfigurationError(
+                f"devices={devices!r} is not understood. Use 'auto', a number of devices (e.g. 2), -1 for all, "
+                "or a list of indices (e.g. [0, 1])."
+            ) from None
+    if isinstance(devices, bool) or not isinstance(devices, (int, list, tuple)):
+        raise ConfigurationError(
+            f"devices={devices!r} is not understood. Use 'auto', a number of devices (e.g. 2), -1 for all, "
+            "or a list of indices (e.g. [0, 1])."
+        )
+    available = device_count(kind)
+    if isinstance(devices, int):
+        if devices == -1:
+            devices = available if kind != "cpu" else 1
+        if devices < 1:
+            raise ConfigurationError(f"devices={devices} must be at least 1 (or -1 for all, or 'auto').")
+        if kind != "cpu" and devices > available:
+            raise ConfigurationError(
+                f"devices={devices} {kind.upper()} devices were requested but {available} "
+                f"{'was' if available == 1 else 'were'} found. Use devices={available} or fewer"
+                f"{', or accelerator=' + repr('cpu') + ' for CPU processes' if kind != 'cpu' else ''}."
+            )
+        return _devices(kind, list(range(devices)))
+    indices = list(devices)
+    if not indices or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
+        raise ConfigurationError(f"devices={devices!r}: a list of devices must hold non-negative indices, e.g. [0, 1].")
+    if len(set(indices)) != len(indices):
+        raise ConfigurationError(f"devices={devices!r} names a device twice.")
+    if kind == "cpu":
+        return _devices(kind, list(range(len(indices))))
+    missing = [i for i in indices if i >= available]
+    if missing:
+        raise ConfigurationError(
+            f"devices={devices!r} asks for {kind.upper()} device(s) {missing} but only {available} "
+            f"{'is' if available == 1 else 'are'} visible (indices 0..{available - 1})."
+        )
+    return _devices(kind, indices)
+
+
+def _devices(kind: str, indices: list[int]) -> list[torch.device]:
+    if kind == "cpu":
+        return [torch.device("cpu")] * len(indices)
+    return [torch.device(kind, i) for i in indices]

@@ -1,0 +1,40 @@
+"""Strategy names → classes, imported lazily so ``import trainer`` stays cheap."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from strategies.errors import ConfigurationError
+from strategies.strategy import Strategy
+
+# name: (module, class, constructor kwargs, what to install when missing)
+_REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    "single_device": ("strategies.single_device", "SingleDeviceStrategy", {}, ""),
+}
+
+
+def register_strategy(name: str, module: str, cls: str, requires: str = "", **kwargs: Any) -> None:
+    """Make ``strategy=name`` build ``module.cls(**kwargs)``; ``requires`` names a missing optional package."""
+    _REGISTRY[name] = (module, cls, kwargs, requires)
+
+
+def strategy_names() -> list[str]:
+    """Every name ``strategy=`` accepts besides ``"auto"``."""
+    return list(_REGISTRY)
+
+
+def create_strategy(name: str) -> Strategy:
+    """Instantiate the strategy registered as ``name``, or raise listing the valid names."""
+    key = name.lower() if isinstance(name, str) else name
+    if key not in _REGISTRY:
+        valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
+        raise ConfigurationError(
+            f"strategy={name!r} is not known. Valid values: {valid}, or a Strategy instance."
+        )
+    module_name, cls_name, kwargs, requires = _REGISTRY[key]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        hint = f" Install it with `pip install {requires}`." if requires else ""
+        raise ConfigurationError(f"strategy={name!r} is unavailable: {err}.{hint}") from err
+    return getattr(module, cls_name)(**kwargs)

@@ -1,0 +1,217 @@
+"""The ``Strategy`` interface: where and how a module runs.
+
+A strategy places and wraps the module, moves batches, runs backward and the optimizer step through its
+precision plugin, provides collectives, and saves/loads checkpoints. It knows nothing about the Trainer or
+the Engine: both drive it through this interface, so one implementation serves both.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from strategies.checkpoint_io import atomic_save, safe_load
+from strategies.precision import Precision
+
+_NULL_CONTEXT = contextlib.nullcontext()
+
+
+def move_to_device(data: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested) batch to ``device``; other values pass through."""
+    if isinstance(data, Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, dict):
+        return type(data)((k, move_to_device(v, device)) for k, v in data.items())
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(move_to_device(v, device) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(move_to_device(v, device) for v in data)
+    if hasattr(data, "to") and callable(data.to):  # e.g. a user batch class with .to(device)
+        return data.to(device)
+    return data
+
+
+class Strategy:
+    """Base strategy: one process, one device. Subclasses override what they change.
+
+    Capabilities are plain attributes rather than mixins: ``is_distributed`` (several processes),
+    ``is_sharded`` (parameters or optimizer state split across ranks), ``launcher`` (an object that starts
+    the other processes, or ``None``).
+    """
+
+    strategy_name: str = "single_device"
+    is_distributed: bool = False
+    is_sharded: bool = False
+
+    def __init__(self, precision: Optional[Precision] = None) -> None:
+        self.precision: Precision = precision if precision is not None else Precision()
+        self._precision_given = precision is not None
+        self._root_device = torch.device("cpu")
+        self.module: Optional[nn.Module] = None  # the user's module, unwrapped
+        self.model: Optional[nn.Module] = None  # what runs the forward (may be a DDP/DP wrapper)
+        self.launcher: Any = None
+        self._clip_params: dict[int, list[Tensor]] = {}
+
+    def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
+        """Fill in what the user did not set on this instance: devices, node count, precision plugin.
+
+        Called by the connector with the resolved ``accelerator``/``devices``/``num_nodes``/``precision``
+        arguments, so a user-built instance (``DDPStrategy(find_unused_parameters=True)``) is completed
+        rather than replaced.
+        """
+        if precision is not None and not self._precision_given:
+            self.precision = precision
+        if devices:
+            self._root_device = devices[0]
+
+    # ------------------------------------------------------------------ topology
+    @property
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._root_device
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return 1
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank in the whole job."""
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node."""
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        """This process's node index."""
+        return 0
+
+    @property
+    def is_global_zero(self) -> bool:
+        """True on the process that writes logs and checkpoints."""
+        return self.global_rank == 0
+
+    @property
+    def distributed_sampler_kwargs(self) -> Optional[dict[str, int]]:
+        """``num_replicas``/``rank`` for a ``DistributedSampler``, or ``None`` when data is not split."""
+        return None
+
+    def setup_environment(self) -> None:
+        """Prepare the process (device selection, process group). Called once per fit/validate/test."""
+        self.precision.setup(self.root_device)
+
+    # ------------------------------------------------------------------ module and optimizers
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Convert the module for the precision, move it to the device and wrap it. Returns the runner."""
+        self.module = self.precision.convert_module(module).to(self.root_device)
+        self.model = self.module
+        return self.model
+
+    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
+        """Wrap or shard optimizers (identity here)."""
+        self._clip_params.clear()
+        return optimizers
+
+    def batch_to_device(self, batch: Any) -> Any:
+        """Move a batch to this process's device and convert it for the precision."""
+        batch = move_to_device(batch, self.root_device)
+        if self.precision.converts_input:
+            batch = self.precision.convert_input(batch)
+        return batch
+
+    # ------------------------------------------------------------------ steps
+    def training_step(self, *args: Any) -> Any:
+        """Run ``module.training_step`` inside the precision's forward context."""
+        with self.precision.forward_context():
+            return self.module.training_step(*args)
+
+    def evaluation_step(self, step_name: str, *args: Any) -> Any:
+        """Run ``validation_step``/``test_step``/``predict_step`` (no gradient synchronisation needed)."""
+        with self.precision.forward_context():
+            return getattr(self.module, step_name)(*args)
+
+    def backward(self, loss: Tensor) -> None:
+        """Backward through the precision plugin (which scales the loss where needed)."""
+        self.precision.backward(loss)
+
+    def backward_sync(self, should_sync: bool) -> ContextManager:
+        """Context for one micro-batch: distributed strategies skip the gradient all-reduce when False."""
+        return _NULL_CONTEXT
+
+    def optimizer_step(
+        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None
+    ) -> bool:
+        """Unscale → ``before_step`` (hooks, clipping) → step → scaler update. False when the step was skipped."""
+        return self.precision.optimizer_step(optimizer, before_step, closure)
+
+    def clip_gradients(self, optimizer: Optimizer, clip_val: float, algorithm: str = "norm") -> Optional[Tensor]:
+        """Clip the gradients of ``optimizer``'s parameters by total norm or by value (after unscaling)."""
+        self.precision.unscale_gradients(optimizer)
+        params = self._clip_params.get(id(optimizer))
+        if params is None:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self._clip_params[id(optimizer)] = params
+        if algorithm == "norm":
+            return torch.nn.utils.clip_grad_norm_(params, clip_val)
+        torch.nn.utils.clip_grad_value_(params, clip_val)
+        return None
+
+    # ------------------------------------------------------------------ collectives (one process: identity)
+    def barrier(self, name: Optional[str] = None) -> None:
+        """Wait until every process reaches this point."""
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Send a picklable object from ``src`` to every process."""
+        return obj
+
+    def all_gather(self, tensor: Tensor) -> Tensor:
+        """Gather a tensor from every process; the result has a new leading dimension of size world_size."""
+        return tensor.unsqueeze(0)
+
+    def reduce(self, tensor: Tensor, op: str = "mean") -> Tensor:
+        """Reduce a tensor across processes with ``op`` in {"mean", "sum", "max", "min"}."""
+        return tensor
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Agree on a flag: ``all=True`` → every rank must say True; ``False`` → any rank suffices."""
+        return decision
+
+    # ------------------------------------------------------------------ checkpoints
+    def module_state_dict(self) -> dict[str, Any]:
+        """The full module state dict (gathered where sharded)."""
+        return self.module.state_dict()
+
+    def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> Any:
+        """Load a full module state dict into the (possibly wrapped/sharded) module."""
+        return self.module.load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        """The optimizer's full state dict (consolidated where sharded)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
+        """Restore an optimizer's state dict."""
+        optimizer.load_state_dict(state)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
+        """Write ``checkpoint`` atomically; only global rank 0 writes."""
+        if self.is_global_zero:
+            atomic_save(checkpoint, path)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Read a checkpoint safely (``weights_only=True``)."""
+        return safe_load(path, map_location="cpu")
+
+    def teardown(self) -> None:
+        """Release resources (process group, device caches)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.root_device}, precision={self.precision.name!r})"

@@ -1,0 +1,148 @@
+"""Validation of the Trainer's plain arguments, and building its default loggers and callbacks.
+
+Every check raises :class:`ConfigurationError` naming the argument, the value and what would be valid.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from callbacks.callback import Callback
+from loggers.logger import Logger
+from strategies.errors import ConfigurationError
+from trainer.data import validate_limit
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigurationError(message)
+
+
+def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
+    """Check the loop-related Trainer arguments and return them normalised (fast_dev_run applied)."""
+    out = dict(args)
+    max_epochs, min_epochs, max_steps = args["max_epochs"], args["min_epochs"], args["max_steps"]
+    _require(max_epochs is None or (_is_int(max_epochs) and max_epochs >= -1),
+             f"max_epochs={max_epochs!r} must be None, -1 (no limit) or an int >= 0.")
+    _require(min_epochs is None or (_is_int(min_epochs) and min_epochs >= 0),
+             f"min_epochs={min_epochs!r} must be None or an int >= 0.")
+    _require(_is_int(max_steps) and max_steps >= -1, f"max_steps={max_steps!r} must be -1 (no limit) or an int >= 0.")
+    if min_epochs is not None and max_epochs not in (None, -1) and min_epochs > max_epochs:
+        raise ConfigurationError(f"min_epochs={min_epochs} is larger than max_epochs={max_epochs}.")
+    if max_epochs is None:
+        out["max_epochs"] = -1 if max_steps != -1 else 1000
+
+    accumulate = args["accumulate_grad_batches"]
+    _require(_is_int(accumulate) and accumulate >= 1,
+             f"accumulate_grad_batches={accumulate!r} must be an int >= 1 (1 means no accumulation).")
+    clip, algorithm = args["gradient_clip_val"], args["gradient_clip_algorithm"]
+    _require(clip is None or (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip >= 0),
+             f"gradient_clip_val={clip!r} must be None or a number >= 0.")
+    _require(isinstance(algorithm, str) and algorithm.lower() in ("norm", "value"),
+             f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
+    out["gradient_clip_algorithm"] = algorithm.lower()
+    out["gradient_clip_val"] = float(clip) if clip else None
+
+    for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+        validate_limit(name, args[name])
+    interval = args["val_check_interval"]
+    _require(interval is None or (isinstance(interval, float) and 0.0 < interval <= 1.0) or (_is_int(interval) and interval >= 1),
+             f"val_check_interval={interval!r} must be None, a float in (0.0, 1.0] (fraction of an epoch) "
+             "or an int >= 1 (number of training batches).")
+    every_n = args["check_val_every_n_epoch"]
+    _require(every_n is None or (_is_int(every_n) and every_n >= 1),
+             f"check_val_every_n_epoch={every_n!r} must be None or an int >= 1.")
+    sanity = args["num_sanity_val_steps"]
+    _require(_is_int(sanity) and sanity >= -1, f"num_sanity_val_steps={sanity!r} must be -1 (all), 0 (off) or an int > 0.")
+    log_every = args["log_every_n_steps"]
+    _require(_is_int(log_every) and log_every >= 1, f"log_every_n_steps={log_every!r} must be an int >= 1.")
+    deterministic = args["deterministic"]
+    _require(isinstance(deterministic, bool) or deterministic == "warn",
+             f"deterministic={deterministic!r} must be True, False or 'warn'.")
+    seed = args["seed"]
+    _require(seed is None or (_is_int(seed) and 0 <= seed < 2**32), f"seed={seed!r} must be None or an int in [0, 2**32).")
+    root = args["default_root_dir"]
+    _require(root is None or isinstance(root, (str, os.PathLike)),
+             f"default_root_dir={root!r} must be a path (str or os.PathLike) or None.")
+    out["default_root_dir"] = str(Path(root if root is not None else os.getcwd()))
+
+    fast = args["fast_dev_run"]
+    _require(isinstance(fast, bool) or (_is_int(fast) and fast >= 0),
+             f"fast_dev_run={fast!r} must be True/False or a number of batches >= 0.")
+    if fast:
+        batches = 1 if fast is True else int(fast)
+        out.update(limit_train_batches=batches, limit_val_batches=batches, limit_test_batches=batches,
+                   limit_predict_batches=batches, max_epochs=1, max_steps=batches, num_sanity_val_steps=0,
+                   val_check_interval=None, check_val_every_n_epoch=1, log_every_n_steps=1)
+    out["fast_dev_run"] = int(fast) if not isinstance(fast, bool) else (1 if fast else 0)
+    return out
+
+
+def set_deterministic(deterministic: Any) -> None:
+    """``deterministic=True`` (or "warn") turns on PyTorch's deterministic algorithms and cuDNN determinism."""
+    if not deterministic:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=deterministic == "warn")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+def build_loggers(logger: Any, root_dir: str, fast_dev_run: int) -> list[Logger]:
+    """``logger=True`` → the default (TensorBoard, else CSV) under ``root_dir``; False/None → none."""
+    if fast_dev_run or logger is False or logger is None:
+        return []
+    if logger is True:
+        from loggers import default_logger
+
+        created = default_logger(root_dir)
+        return [created] if created is not None else []
+    loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
+    for item in loggers:
+        if not isinstance(item, Logger):
+            raise ConfigurationError(
+                f"logger={item!r} is not a Logger. Pass True (default TensorBoard logger), False, a "
+                "loggers.Logger instance or a list of them."
+            )
+    return loggers
+
+
+def build_callbacks(
+    callbacks: Any, enable_checkpointing: bool, enable_progress_bar: bool, enable_model_summary: bool
+) -> list[Callback]:
+    """The user's callbacks plus the defaults the ``enable_*`` flags ask for (unless the user gave one)."""
+    if callbacks is None:
+        user: list[Any] = []
+    elif isinstance(callbacks, Callback):
+        user = [callbacks]
+    elif isinstance(callbacks, (list, tuple)):
+        user = list(callbacks)
+    else:
+        raise ConfigurationError(f"callbacks={callbacks!r} must be a Callback or a list of Callbacks.")
+    for cb in user:
+        if not isinstance(cb, Callback):
+            raise ConfigurationError(
+                f"callbacks: {cb!r} is a {type(cb).__name__}, not a callbacks.Callback. Subclass Callback "
+                "and override the hooks you need."
+            )
+    import callbacks as callbacks_pkg
+
+    defaults: list[Callback] = []
+    for enabled, name in ((enable_model_summary, "ModelSummary"), (enable_progress_bar, "RichProgressBar"),
+                          (enable_checkpointing, "ModelCheckpoint")):  # fmt: skip
+        cls = getattr(callbacks_pkg, name, None)
+        if enabled and cls is not None and not any(isinstance(cb, cls) for cb in user):
+            defaults.append(cls())
+    if not enable_checkpointing:
+        cls = getattr(callbacks_pkg, "ModelCheckpoint", None)
+        if cls is not None and any(isinstance(cb, cls) for cb in user):
+            warnings.warn("enable_checkpointing=False but a ModelCheckpoint callback was passed; it is kept.", stacklevel=3)
+    return defaults + user

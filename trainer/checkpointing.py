@@ -1,0 +1,232 @@
+"""What a checkpoint holds, and how a fit is saved and restored from one.
+
+A checkpoint is a plain dict of tensors and Python values (loadable with ``torch.load(weights_only=True)``):
+``format_version``, ``state_dict``, ``optimizer_states``, ``lr_schedulers``, ``precision``, ``epoch``,
+``global_step``, ``loops`` (progress counters), ``rng``, ``callbacks``, ``hyper_parameters``, ``datamodule``.
+Files are written atomically and read safely through :mod:`strategies.checkpoint_io`.
+"""
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+
+import torch
+
+from strategies.checkpoint_io import CheckpointError, safe_load
+from strategies.errors import ConfigurationError
+from trainer.seed import capture_rng_state, restore_rng_state
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+FORMAT_VERSION = 1
+
+
+def check_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], path: Any, strict: bool = True) -> None:
+    """Load ``state_dict`` into ``module``; on a mismatch list the missing/unexpected keys, not a traceback."""
+    expected = set(module.state_dict().keys())
+    found = set(state_dict.keys())
+    missing, unexpected = sorted(expected - found), sorted(found - expected)
+    if strict and (missing or unexpected):
+        raise CheckpointError(
+            f"Checkpoint '{path}' does not match {type(module).__name__}: "
+            f"missing keys {_short(missing)}, unexpected keys {_short(unexpected)}. Is it from a different model? "
+            "Pass strict=False to load the matching part."
+        )
+    try:
+        module.load_state_dict(state_dict, strict=strict)
+    except RuntimeError as err:
+        raise CheckpointError(f"Checkpoint '{path}' does not fit {type(module).__name__}: {err}") from None
+
+
+def _short(keys: list[str], limit: int = 10) -> str:
+    if not keys:
+        return "[]"
+    shown = ", ".join(keys[:limit])
+    return f"[{shown}{', ... (%d more)' % (len(keys) - limit) if len(keys) > limit else ''}]"
+
+
+def load_module_from_checkpoint(
+    cls: type["TrainModule"], path: Union[str, os.PathLike], map_location: Any, strict: bool, overrides: dict[str, Any]
+) -> "TrainModule":
+    """Rebuild ``cls`` from the checkpoint's ``hyper_parameters`` (``overrides`` win) and load its weights."""
+    checkpoint = safe_load(path, map_location=map_location or "cpu")
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"'{path}' is not a trainer checkpoint (no 'state_dict' entry).")
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    hparams.update(overrides)
+    try:
+        module = cls(**hparams)
+    except TypeError as err:
+        raise ConfigurationError(
+            f"{cls.__name__}.load_from_checkpoint: could not rebuild the module from the saved hyperparameters "
+            f"{sorted(hparams)}: {err}. Pass missing arguments as overrides: "
+            f"{cls.__name__}.load_from_checkpoint(path, name=value)."
+        ) from None
+    check_state_dict(module, checkpoint["state_dict"], path, strict)
+    module.on_load_checkpoint(checkpoint)
+    return module
+
+
+class CheckpointConnector:
+    """Builds checkpoint dicts from a Trainer's state and restores a Trainer from them."""
+
+    def __init__(self, trainer: "Trainer") -> None:
+        self.trainer = trainer
+
+    # ------------------------------------------------------------------ saving
+    def dump(self, weights_only: bool = False) -> dict[str, Any]:
+        """The checkpoint dict for the current state (hooks may add entries)."""
+        trainer = self.trainer
+        strategy = trainer.strategy
+        progress = trainer.fit_loop.progress
+        module = trainer.module
+        checkpoint: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "epoch": progress.epoch,
+            "global_step": progress.global_step,
+            "state_dict": strategy.module_state_dict(),
+            "loops": {"fit": progress.state_dict()},
+        }
+        if module.hparams:
+            checkpoint["hyper_parameters"] = dict(module.hparams)
+        if not weights_only:
+            checkpoint["optimizer_states"] = [strategy.optimizer_state_dict(opt) for opt in trainer.optimizers]
+            checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
+            checkpoint["precision"] = strategy.precision.state_dict()
+            checkpoint["rng"] = capture_rng_state()
+            checkpoint["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
+            if trainer.datamodule is not None:
+                checkpoint["datamodule"] = trainer.datamodule.state_dict()
+            trainer._call_hook("on_save_checkpoint", checkpoint)
+        return checkpoint
+
+    def save(self, path: Union[str, os.PathLike], weights_only: bool = False) -> None:
+        """Build and write a checkpoint; every rank builds (collectives), global rank 0 writes."""
+        strategy = self.trainer.strategy
+        checkpoint = self.dump(weights_only)
+        strategy.save_checkpoint(checkpoint, path)
+        strategy.barrier("save_checkpoint")
+
+    # ------------------------------------------------------------------ locating
+    def resolve(self, ckpt_path: Union[str, os.PathLike]) -> Path:
+        """Turn ``"last"``, ``"best"`` or a path into an existing file, or raise saying where it looked."""
+        trainer = self.trainer
+        if ckpt_path == "best":
+            callback = trainer.checkpoint_callback
+            best = getattr(callback, "best_model_path", "") if callback is not None else ""
+            if not best:
+                raise ConfigurationError(
+                    "ckpt_path='best' needs a ModelCheckpoint(monitor=...) that has saved a best checkpoint; "
+                    f"{'none is configured' if callback is None else 'it has not saved one yet'}."
+                )
+            return Path(best)
+        if ckpt_path == "last":
+            folders = self.checkpoint_folders()
+            candidates = []
+            for callback in trainer.checkpoint_callbacks:
+                last = getattr(callback, "last_model_path", "")
+                if last and os.path.exists(last):
+                    candidates.append(last)
+            for folder in folders:
+                candidates.extend(glob.glob(os.path.join(folder, "*.ckpt")))
+            if not candidates:
+                raise FileNotFoundError(
+                    f"ckpt_path='last' but no checkpoint exists yet; looked in: {', '.join(folders) or '(no folder)'}."
+                )
+            return Path(max(candidates, key=os.path.getmtime))
+        path = Path(ckpt_path)
+        if not path.exists():
+            raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{path.resolve()}').")
+        return path
+
+    def checkpoint_folders(self) -> list[str]:
+        """Where this run's checkpoints live: each ModelCheckpoint's dirpath, else ``<log_dir>/checkpoints``."""
+        trainer = self.trainer
+        folders = [str(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+        return folders or [os.path.join(trainer.log_dir, "checkpoints")]
+
+    # ------------------------------------------------------------------ restoring
+    def load(self, ckpt_path: Union[str, os.PathLike]) -> tuple[Path, dict[str, Any]]:
+        """Resolve and read a checkpoint (safely); check its format."""
+        path = self.resolve(ckpt_path)
+        checkpoint = self.trainer.strategy.load_checkpoint(path)
+        if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+            raise CheckpointError(f"'{path}' is not a trainer checkpoint (no 'state_dict' entry).")
+        version = checkpoint.get("format_version", 0)
+        if version > FORMAT_VERSION:
+            raise CheckpointError(
+                f"'{path}' has checkpoint format {version}, newer than this version understands ({FORMAT_VERSION}). "
+                "Upgrade the trainer package."
+            )
+        return path, checkpoint
+
+    def restore_weights(self, ckpt_path: Union[str, os.PathLike]) -> dict[str, Any]:
+        """Load only the module weights (for validate/test/predict)."""
+        path, checkpoint = self.load(ckpt_path)
+        self._load_module_state(checkpoint, path)
+        return checkpoint
+
+    def restore_training(self, ckpt_path: Union[str, os.PathLike]) -> None:
+        """Restore everything a fit needs to continue exactly: weights, optimizers, schedulers, scaler,
+        progress, callbacks, datamodule and RNG."""
+        trainer = self.trainer
+        strategy = trainer.strategy
+        path, checkpoint = self.load(ckpt_path)
+        self._load_module_state(checkpoint, path)
+        if "optimizer_states" not in checkpoint:
+            raise CheckpointError(
+                f"'{path}' holds weights only (saved with weights_only=True) and cannot resume training. Load the "
+                "weights with Module.load_from_checkpoint(path) and start a new fit instead."
+            )
+        states = checkpoint["optimizer_states"]
+        if len(states) != len(trainer.optimizers):
+            raise CheckpointError(
+                f"'{path}' has {len(states)} optimizer state(s) but configure_optimizers returned "
+                f"{len(trainer.optimizers)}."
+            )
+        for optimizer, state in zip(trainer.optimizers, states):
+            strategy.load_optimizer_state_dict(optimizer, state)
+        for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
+            config.scheduler.load_state_dict(state)
+        strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+        progress = trainer.fit_loop.progress
+        progress.load_state_dict(checkpoint.get("loops", {}).get("fit", {}))
+        if progress.epoch_finished:  # saved after the epoch's work was done: continue with the next epoch
+            progress.epoch += 1
+            progress.batch_in_epoch = 0
+            progress.epoch_finished = False
+        saved_callbacks = checkpoint.get("callbacks", {})
+        for callback in trainer.callbacks:
+            state = saved_callbacks.get(callback.state_key)
+            if state:
+                callback.load_state_dict(state)
+        if trainer.datamodule is not None and "datamodule" in checkpoint:
+            trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+        trainer._call_hook("on_load_checkpoint", checkpoint)
+        if "rng" in checkpoint:
+            restore_rng_state(checkpoint["rng"])
+
+    def _load_module_state(self, checkpoint: dict[str, Any], path: Any) -> None:
+        module = self.trainer.module
+        expected = set(module.state_dict().keys())
+        found = set(checkpoint["state_dict"].keys())
+        if expected != found:
+            check_state_dict(module, checkpoint["state_dict"], path)
+        self.trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+
+    # ------------------------------------------------------------------ data position
+    def train_iterator(self, loader: Any, epoch: int, start_batch: int) -> Iterator[Any]:
+        """An iterator over this epoch's training batches, positioned after ``start_batch`` batches."""
+        for holder in (loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+            sampler = getattr(holder, "sampler", holder)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+        iterator = iter(loader)
+        if start_batch:
+            next(itertools.islice(iterator, start_batch - 1, start_batch), None)
+        return iterator

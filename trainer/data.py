@@ -1,0 +1,87 @@
+"""Dataloaders: where they come from, how many batches each stage runs, how they are split across ranks."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Union
+
+from torch.utils.data import DataLoader
+
+from strategies.errors import ConfigurationError
+
+Number = Union[int, float]
+
+
+def as_loader_list(loaders: Any) -> list[Any]:
+    """Evaluation stages accept one dataloader or a list/tuple of them."""
+    if loaders is None:
+        return []
+    if isinstance(loaders, (list, tuple)):
+        return list(loaders)
+    return [loaders]
+
+
+def check_iterable(loader: Any, argument: str) -> None:
+    """Raise a clear error when something that cannot yield batches is passed as data."""
+    if not hasattr(loader, "__iter__"):
+        raise ConfigurationError(
+            f"{argument} must be a torch DataLoader (or any iterable of batches); got {type(loader).__name__}."
+        )
+
+
+def loader_length(loader: Any) -> float:
+    """``len(loader)``, or ``inf`` for iterables without a length (e.g. an IterableDataset)."""
+    try:
+        return len(loader)
+    except (TypeError, NotImplementedError):
+        return math.inf
+
+
+def validate_limit(name: str, limit: Optional[Number]) -> None:
+    """``limit_*_batches``: None, an int >= 0 (batches) or a float in [0, 1] (fraction)."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+        raise ConfigurationError(f"{name}={limit!r} must be an int (number of batches) or a float in [0.0, 1.0].")
+    if isinstance(limit, float) and not 0.0 <= limit <= 1.0:
+        raise ConfigurationError(
+            f"{name}={limit} is a fraction outside [0.0, 1.0]. Use a float for a fraction of the dataloader "
+            "or an int for a number of batches."
+        )
+    if isinstance(limit, int) and limit < 0:
+        raise ConfigurationError(f"{name}={limit} must be >= 0.")
+
+
+def limited_batches(loader: Any, limit: Optional[Number], name: str) -> float:
+    """How many batches of ``loader`` a stage runs under ``limit_*_batches`` (``inf`` when unbounded)."""
+    length = loader_length(loader)
+    if limit is None or (isinstance(limit, float) and limit == 1.0):
+        return length
+    if isinstance(limit, int):
+        return min(limit, length)
+    if math.isinf(length):
+        if limit == 0.0:
+            return 0
+        raise ConfigurationError(
+            f"{name}={limit} is a fraction, but the dataloader has no length (an IterableDataset). "
+            f"Use an int number of batches, e.g. {name}=100."
+        )
+    batches = int(length * limit)
+    if batches == 0 and limit > 0 and length > 0:
+        raise ConfigurationError(
+            f"{name}={limit} of a dataloader with {length} batches is less than one batch. "
+            f"Use a larger fraction or an int, e.g. {name}=1."
+        )
+    return batches
+
+
+def prepare_loader(loader: Any, sampler_kwargs: Optional[dict[str, int]], training: bool, enabled: bool) -> Any:
+    """Return ``loader`` ready for this process: split across ranks when the strategy is distributed.
+
+    With one process (``sampler_kwargs is None``) or ``use_distributed_sampler=False`` the loader is
+    returned untouched.
+    """
+    if not enabled or sampler_kwargs is None or not isinstance(loader, DataLoader):
+        return loader
+    from trainer.distributed_data import distribute_loader
+
+    return distribute_loader(loader, sampler_kwargs, training)

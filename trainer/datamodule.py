@@ -1,0 +1,47 @@
+"""``DataModule``: the data side of an experiment in one reusable class."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class DataModule:
+    """Groups download/preparation, splits and the four dataloaders. Override what you need.
+
+    ``prepare_data`` runs once per node (local rank 0) before ``setup``; ``setup(stage)`` runs on every
+    process. ``state_dict``/``load_state_dict`` are saved in checkpoints.
+    """
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+
+    def prepare_data(self) -> None:
+        """Download or write data to disk. Called on local rank 0 only; do not set state here."""
+
+    def setup(self, stage: str) -> None:
+        """Build datasets/splits for ``stage`` ("fit", "validate", "test", "predict") on every process."""
+
+    def teardown(self, stage: str) -> None:
+        """Release what ``setup`` made."""
+
+    def train_dataloader(self) -> Any:
+        """The training DataLoader."""
+        return None
+
+    def val_dataloader(self) -> Any:
+        """The validation DataLoader (or a list of them)."""
+        return None
+
+    def test_dataloader(self) -> Any:
+        """The test DataLoader (or a list of them)."""
+        return None
+
+    def predict_dataloader(self) -> Any:
+        """The prediction DataLoader (or a list of them)."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to save in checkpoints."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""

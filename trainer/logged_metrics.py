@@ -1,0 +1,338 @@
+"""What ``self.log`` records: per-name values, accumulated lazily on the device.
+
+The hot path (``ResultCollection.log``) stores a detached reference for step values and, for epoch
+values, adds ``value * batch_size`` into an on-device accumulator in place. Nothing is read on the host
+until a consumer asks (a logger at its interval, a callback reading ``trainer.callback_metrics``, the
+progress bar at its refresh rate), and ``sync_dist`` reductions happen only then, once per new value.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from strategies.errors import ConfigurationError
+
+_REDUCE_NAMES = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
+_REDUCE_FUNCS = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}
+
+
+def _reduce_name(reduce_fx: Union[str, Callable]) -> str:
+    if isinstance(reduce_fx, str) and reduce_fx.lower() in _REDUCE_NAMES:
+        return _REDUCE_NAMES[reduce_fx.lower()]
+    if reduce_fx in _REDUCE_FUNCS:
+        return _REDUCE_FUNCS[reduce_fx]
+    raise ConfigurationError(
+        f"self.log(reduce_fx={reduce_fx!r}) is not supported. Use 'mean', 'sum', 'max', 'min' "
+        "(or torch.mean/sum/max/min)."
+    )
+
+
+def _is_metric(value: Any) -> bool:
+    # torchmetrics is imported only if the user imported it: no import cost for users without metrics.
+    module = sys.modules.get("torchmetrics")
+    return module is not None and isinstance(value, module.Metric)
+
+
+def extract_batch_size(batch: Any) -> int:
+    """The size of the first dimension of the first tensor found in a (nested) batch; 1 if none."""
+    if isinstance(batch, Tensor):
+        return batch.size(0) if batch.ndim > 0 else 1
+    if isinstance(batch, dict):
+        for value in batch.values():
+            return extract_batch_size(value)
+    if isinstance(batch, (list, tuple)) and batch:
+        if isinstance(batch[0], (Tensor, list, tuple, dict)):
+            return extract_batch_size(batch[0])
+        return len(batch)
+    return 1
+
+
+class LoggedValue:
+    """One logged name: its options, its latest step value and its epoch accumulator."""
+
+    __slots__ = (
+        "name", "options", "on_step", "on_epoch", "prog_bar", "logger", "reduce", "sync_dist",
+        "dataloader_idx", "last", "total", "weight", "metric", "_step_cache", "_epoch_cache",
+    )  # fmt: skip
+
+    def __init__(self, name: str, options: tuple, dataloader_idx: Optional[int]) -> None:
+        self.name = name
+        self.options = options
+        self.on_step, self.on_epoch, self.prog_bar, self.logger, self.reduce, self.sync_dist = options
+        self.dataloader_idx = dataloader_idx
+        self.last: Any = None
+        self.total: Any = None
+        self.weight = 0
+        self.metric: Any = None
+        self._step_cache: Any = None
+        self._epoch_cache: Any = None
+
+    def update(self, value: Any, batch_size: Optional[int], results: "ResultCollection") -> None:
+        self._step_cache = None
+        self._epoch_cache = None
+        if isinstance(value, Tensor):
+            value = value.detach()
+            self.last = value
+            if not self.on_epoch:
+                return
+            if value.ndim:
+                value = value.reshape(())
+            reduce = self.reduce
+            if reduce == "mean":
+                size = batch_size if batch_size is not None else results.current_batch_size()
+                if self.total is None:
+                    self.total = torch.zeros((), dtype=_accumulator_dtype(value), device=value.device)
+                self.total.add_(value, alpha=size)
+                self.weight += size
+            elif reduce == "sum":
+                if self.total is None:
+                    self.total = torch.zeros((), dtype=_accumulator_dtype(value), device=value.device)
+                self.total.add_(value)
+                self.weight += 1
+            else:
+                value = value.to(_accumulator_dtype(value))
+                if self.total is None:
+                    self.total = value.clone()
+                elif reduce == "max":
+                    torch.maximum(self.total, value, out=self.total)
+                else:
+                    torch.minimum(self.total, value, out=self.total)
+                self.weight += 1
+            return
+        if self.metric is not None or _is_metric(value):
+            self.metric = value
+            self.last = value
+            return
+        value = float(value)
+        self.last = value
+        if self.on_epoch:
+            reduce = self.reduce
+            if reduce == "mean":
+                size = batch_size if batch_size is not None else results.current_batch_size()
+                self.total = (self.total or 0.0) + value * size
+                self.weight += size
+            elif reduce == "sum":
+                self.total = (self.total or 0.0) + value
+                self.weight += 1
+            else:
+                self.total = value if self.total is None else (max if reduce == "max" else min)(self.total, value)
+                self.weight += 1
+
+    def step_value(self, reduce_fn: Callable[[Tensor, str], Tensor]) -> Any:
+        """The latest value (synchronised across ranks if ``sync_dist``), cached until the next update."""
+        if self._step_cache is None:
+            value = self.last
+            if self.metric is not None:
+                value = getattr(self.metric, "_forward_cache", None)
+                if value is None:
+                    return None
+            if not isinstance(value, Tensor):
+                value = torch.tensor(value)
+            if self.sync_dist:
+                value = reduce_fn(value.clone(), self.reduce)
+            self._step_cache = value
+        return self._step_cache
+
+    def epoch_value(self, reduce_fn: Callable[[Tensor, str], Tensor]) -> Any:
+        """The epoch aggregate so far (weighted mean, sum, max or min), cached until the next update."""
+        if self._epoch_cache is None:
+            if self.metric is not None:
+                self._epoch_cache = self.metric.compute()
+                return self._epoch_cache
+            if self.weight == 0:
+                return None
+            total = self.total if isinstance(self.total, Tensor) else torch.tensor(self.total, dtype=torch.float64)
+            if self.reduce == "mean":
+                if self.sync_dist:
+                    pair = torch.stack([total.to(torch.float64), torch.tensor(float(self.weight), dtype=torch.float64, device=total.device)])
+                    pair = reduce_fn(pair, "sum")
+                    value = pair[0] / pair[1]
+                else:
+                    value = total / self.weight
+            else:
+                value = reduce_fn(total.clone(), self.reduce) if self.sync_dist else total
+            self._epoch_cache = value.to(torch.float32)
+        return self._epoch_cache
+
+    def reset_epoch(self) -> None:
+        self.total = None
+        self.weight = 0
+        self._epoch_cache = None
+        if self.metric is not None and hasattr(self.metric, "reset"):
+            self.metric.reset()
+
+
+def _accumulator_dtype(value: Tensor) -> torch.dtype:
+    return torch.float32 if value.device.type == "mps" else torch.float64
+
+
+class ResultCollection:
+    """All values logged in one stage ("train", "validate", "test", "predict").
+
+    ``epoch_level`` is set by the loop: False while running batch-level code (defaults on_step=True in
+    training), True in epoch-level hooks (defaults on_epoch=True). Evaluation stages default to epoch values.
+    """
+
+    def __init__(self, stage: str, reduce_fn: Callable[[Tensor, str], Tensor]) -> None:
+        self.stage = stage
+        self.training = stage == "train"
+        self.epoch_level = False
+        self.epoch_done = False
+        self.values: dict[str, LoggedValue] = {}
+        self.batch: Any = None
+        self._batch_size: Optional[int] = None
+        self.dataloader_idx: Optional[int] = None  # set by evaluation loops with several dataloaders
+        self._reduce_fn = reduce_fn
+
+    # ------------------------------------------------------------------ hot path
+    def set_batch(self, batch: Any) -> None:
+        """Called by the loop before each step; the batch size is inferred only if a value needs it."""
+        self.batch = batch
+        self._batch_size = None
+
+    def current_batch_size(self) -> int:
+        if self._batch_size is None:
+            self._batch_size = extract_batch_size(self.batch)
+        return self._batch_size
+
+    def log(
+        self,
+        name: str,
+        value: Any,
+        prog_bar: bool,
+        logger: bool,
+        on_step: Optional[bool],
+        on_epoch: Optional[bool],
+        reduce_fx: Union[str, Callable],
+        sync_dist: bool,
+        batch_size: Optional[int],
+        add_dataloader_idx: bool,
+    ) -> None:
+        if on_step is None:
+            on_step = self.training and not self.epoch_level
+        if on_epoch is None:
+            on_epoch = not self.training or self.epoch_level
+        reduce = reduce_fx if reduce_fx == "mean" else _reduce_name(reduce_fx)
+        options = (on_step, on_epoch, prog_bar, logger, reduce, sync_dist)
+        key = name
+        dataloader_idx = self.dataloader_idx if add_dataloader_idx else None
+        if dataloader_idx is not None:
+            key = f"{name}/dataloader_idx_{dataloader_idx}"
+        entry = self.values.get(key)
+        if entry is None or entry.options != options:
+            entry = self._new_entry(key, value, options, dataloader_idx, entry)
+        entry.update(value, batch_size, self)
+
+    def _new_entry(
+        self, key: str, value: Any, options: tuple, dataloader_idx: Optional[int], previous: Optional[LoggedValue]
+    ) -> LoggedValue:
+        on_step, on_epoch = options[0], options[1]
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError(f"self.log(name={key!r}): the name must be a non-empty string.")
+        if on_step and self.epoch_level:
+            raise ConfigurationError(
+                f"self.log({key!r}, on_step=True) was called from an epoch-level hook, where there is no step. "
+                "Use on_step=False (the default there)."
+            )
+        if not on_step and not on_epoch:
+            raise ConfigurationError(f"self.log({key!r}) with on_step=False and on_epoch=False records nothing.")
+        if isinstance(value, Tensor):
+            if value.numel() != 1:
+                raise ConfigurationError(
+                    f"self.log({key!r}, value) needs a scalar; got a tensor of shape {tuple(value.shape)}. "
+                    "Reduce it first (e.g. value.mean())."
+                )
+            if value.is_complex():
+                raise ConfigurationError(f"self.log({key!r}, value): complex tensors cannot be logged.")
+        elif not _is_metric(value) and not isinstance(value, (int, float)):
+            raise ConfigurationError(
+                f"self.log({key!r}, value) got a {type(value).__name__}; log a number, a scalar tensor "
+                "or a torchmetrics.Metric."
+            )
+        entry = LoggedValue(key, options, dataloader_idx)
+        if previous is not None and previous.options[:2] == options[:2] and previous.options[4] == options[4]:
+            # Only display options changed (prog_bar/logger): keep the accumulated epoch state.
+            entry.total, entry.weight, entry.metric = previous.total, previous.weight, previous.metric
+        self.values[key] = entry
+        return entry
+
+    # ------------------------------------------------------------------ consumers (off the hot path)
+    def reset_epoch(self) -> None:
+        """Clear epoch accumulators (and torchmetrics states) at the start of an epoch."""
+        self.epoch_done = False
+        for entry in self.values.values():
+            entry.reset_epoch()
+
+    def reset(self) -> None:
+        """Forget every value."""
+        self.values.clear()
+        self.epoch_done = False
+
+    def step_metrics(self, logger_only: bool = False) -> dict[str, Any]:
+        """Latest step values; keys get a ``_step`` suffix when the name is also logged per epoch."""
+        out: dict[str, Any] = {}
+        for key, entry in self.values.items():
+            if not entry.on_step or entry.last is None or (logger_only and not entry.logger):
+                continue
+            value = entry.step_value(self._reduce_fn)
+            if value is not None:
+                out[f"{key}_step" if entry.on_epoch else key] = value
+        return out
+
+    def epoch_metrics(self, logger_only: bool = False) -> dict[str, Any]:
+        """Epoch aggregates so far; keys get an ``_epoch`` suffix when the name is also logged per step."""
+        out: dict[str, Any] = {}
+        for key, entry in self.values.items():
+            if not entry.on_epoch or (logger_only and not entry.logger):
+                continue
+            value = entry.epoch_value(self._reduce_fn)
+            if value is not None:
+                out[f"{key}_epoch" if entry.on_step else key] = value
+        return out
+
+    def callback_metrics(self, epoch_done: bool) -> dict[str, Any]:
+        """Every value under its plain name (epoch value once the epoch is done, else the latest step value)."""
+        out = self.step_metrics()
+        epoch = self.epoch_metrics()
+        out.update(epoch)
+        for key, entry in self.values.items():
+            if entry.on_step and entry.on_epoch:
+                plain = out.get(f"{key}_epoch") if epoch_done else out.get(f"{key}_step")
+                if plain is not None:
+                    out[key] = plain
+        return out
+
+    def prog_bar_metrics(self) -> dict[str, float]:
+        """Values logged with ``prog_bar=True`` as floats (reads the device: call at refresh intervals only)."""
+        out: dict[str, float] = {}
+        for key, entry in self.values.items():
+            if not entry.prog_bar:
+                continue
+            if entry.on_step and entry.last is not None:
+                value = entry.step_value(self._reduce_fn)
+                if value is not None:
+                    out[f"{key}_step" if entry.on_epoch else key] = float(value)
+            if entry.on_epoch and (not entry.on_step or self.epoch_done):
+                value = entry.epoch_value(self._reduce_fn)
+                if value is not None:
+                    out[f"{key}_epoch" if entry.on_step else key] = float(value)
+        return out
+
+    def eval_results(self, num_dataloaders: int) -> list[dict[str, float]]:
+        """Epoch values per dataloader for validate()/test(): a value logged without a dataloader index
+        appears in every dict."""
+        per_loader: list[dict[str, float]] = [{} for _ in range(max(num_dataloaders, 1))]
+        for key, entry in self.values.items():
+            if not entry.on_epoch:
+                continue
+            value = entry.epoch_value(self._reduce_fn)
+            if value is None:
+                continue
+            name = f"{key}_epoch" if entry.on_step else key
+            targets = per_loader if entry.dataloader_idx is None else [per_loader[entry.dataloader_idx]]
+            for target in targets:
+                target[name] = float(value)
+        return per_loader

@@ -1,0 +1,1 @@
+"""The loops: fit (epochs), training epoch (batches), optimisation step, evaluation and prediction."""

@@ -1,0 +1,132 @@
+"""Validation and test epochs (hook order in :mod:`trainer.loops.fit_loop`), and prediction."""
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from trainer.logged_metrics import ResultCollection
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainer.trainer import Trainer
+
+_END = object()
+
+
+def _accepts_dataloader_idx(step: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(step).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+class EvaluationLoop:
+    """Runs ``validation_step`` or ``test_step`` over one or more dataloaders and reduces the epoch metrics."""
+
+    def __init__(self, trainer: "Trainer", stage: str) -> None:
+        self.trainer = trainer
+        self.stage = stage  # "validate" or "test"
+        self.prefix = "validation" if stage == "validate" else "test"
+        self.step_name = f"{self.prefix}_step"
+
+    def run(
+        self,
+        loaders: list[Any],
+        batch_limits: list[float],
+        results: ResultCollection,
+        log_to_loggers: bool = True,
+        before_end: Optional[Callable[[], None]] = None,
+    ) -> list[dict[str, float]]:
+        """Run one evaluation epoch; returns one dict of float metrics per dataloader."""
+        trainer = self.trainer
+        strategy = trainer.strategy
+        module = trainer.module
+        call_hook = trainer._call_hook
+        prefix = self.prefix
+        several = len(loaders) > 1
+        pass_idx = several and _accepts_dataloader_idx(getattr(module, self.step_name))
+        was_training = module.training
+        previous_results = trainer._results
+        trainer._results = results
+        results.reset()
+        try:
+            module.eval()
+            with torch.no_grad():
+                results.epoch_level = True
+                call_hook(f"on_{prefix}_start")
+                call_hook(f"on_{prefix}_epoch_start")
+                results.epoch_level = False
+                for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
+                    results.dataloader_idx = dataloader_idx if several else None
+                    iterator = iter(loader)
+                    batch_idx = 0
+                    while batch_idx < limit:
+                        batch = next(iterator, _END)
+                        if batch is _END:
+                            break
+                        batch = strategy.batch_to_device(batch)
+                        results.set_batch(batch)
+                        call_hook(f"on_{prefix}_batch_start", batch, batch_idx, dataloader_idx)
+                        args = (batch, batch_idx, dataloader_idx) if pass_idx else (batch, batch_idx)
+                        outputs = strategy.evaluation_step(self.step_name, *args)
+                        call_hook(f"on_{prefix}_batch_end", outputs, batch, batch_idx, dataloader_idx)
+                        batch_idx += 1
+                results.dataloader_idx = None
+                results.epoch_level = True
+                results.epoch_done = True
+                call_hook(f"on_{prefix}_epoch_end")
+                per_loader = trainer._finish_eval_metrics(results, len(loaders), log_to_loggers)
+                if before_end is not None:
+                    before_end()
+                call_hook(f"on_{prefix}_end")
+        finally:
+            if was_training:
+                module.train()
+            trainer._results = previous_results
+        return per_loader
+
+
+class PredictionLoop:
+    """Runs ``predict_step`` over one or more dataloaders and returns the outputs."""
+
+    def __init__(self, trainer: "Trainer") -> None:
+        self.trainer = trainer
+
+    def run(self, loaders: list[Any], batch_limits: list[float], return_predictions: bool = True) -> Any:
+        """One list of outputs per dataloader (a flat list when there is one dataloader)."""
+        trainer = self.trainer
+        strategy = trainer.strategy
+        module = trainer.module
+        call_hook = trainer._call_hook
+        several = len(loaders) > 1
+        pass_idx = several and _accepts_dataloader_idx(module.predict_step)
+        all_outputs: list[list[Any]] = []
+        module.eval()
+        with torch.no_grad():
+            call_hook("on_predict_start")
+            call_hook("on_predict_epoch_start")
+            for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
+                outputs: list[Any] = []
+                iterator = iter(loader)
+                batch_idx = 0
+                while batch_idx < limit:
+                    batch = next(iterator, _END)
+                    if batch is _END:
+                        break
+                    batch = strategy.batch_to_device(batch)
+                    call_hook("on_predict_batch_start", batch, batch_idx, dataloader_idx)
+                    args = (batch, batch_idx, dataloader_idx) if pass_idx else (batch, batch_idx)
+                    prediction = strategy.evaluation_step("predict_step", *args)
+                    call_hook("on_predict_batch_end", prediction, batch, batch_idx, dataloader_idx)
+                    if return_predictions:
+                        outputs.append(prediction)
+                    batch_idx += 1
+                all_outputs.append(outputs)
+            call_hook("on_predict_epoch_end")
+            call_hook("on_predict_end")
+        if not return_predictions:
+            return None
+        return all_outputs[0] if len(all_outputs) == 1 else all_outputs

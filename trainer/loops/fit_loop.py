@@ -1,0 +1,125 @@
+"""The fit loop. This docstring is the one place where the order of every hook is written down.
+
+``trainer.fit(module, data)``::
+
+    strategy.setup_environment()                 # process group, device, precision checks
+    datamodule.prepare_data()                    # local rank 0 only
+    setup("fit")                                 # datamodule → callbacks → module
+    strategy.setup_module(module)                # precision conversion, device, DDP/FSDP wrapping
+    configure_optimizers() → strategy.setup_optimizers(...)
+    [restore ckpt_path]                          # on_load_checkpoint: callbacks → module
+    on_fit_start                                 # callbacks → module
+    [sanity check]                               # on_sanity_check_start, validation loop, on_sanity_check_end
+    on_train_start
+    for epoch in epochs:
+        on_train_epoch_start
+        for batch_idx, batch in train data:      # batch_idx counts micro-batches
+            on_train_batch_start(batch, batch_idx)        # returning -1 ends the epoch early
+            training_step(batch, batch_idx)               # precision forward context; no_sync mid-window
+            on_before_backward(loss) → backward → on_after_backward
+            if the accumulation window ends (every accumulate_grad_batches micro-batches, or the epoch's last):
+                [16-mixed: unscale gradients, once]
+                on_before_optimizer_step(optimizer)       # sees true gradients
+                clip gradients (gradient_clip_val / configure_gradient_clipping)
+                optimizer.step()                          # skipped by the scaler on inf/nan gradients
+                on_before_zero_grad(optimizer) → optimizer.zero_grad()
+                global_step += 1; step-interval LR schedulers (not after a skipped step)
+            on_train_batch_end(outputs, batch, batch_idx)
+            step metrics to loggers every log_every_n_steps optimizer steps
+            if val_check_interval is reached: validation loop (below)
+        module.on_train_epoch_end()
+        epoch-interval LR schedulers                # after validation: ReduceLROnPlateau sees val metrics
+        callbacks.on_train_epoch_end                # checkpoints saved here resume at the next epoch
+        epoch metrics to loggers
+        stop at max_epochs / max_steps, or on should_stop once min_epochs is reached
+    on_train_end
+    on_fit_end                                   # module → callbacks
+    teardown("fit")                              # module → callbacks → datamodule
+
+Validation loop (``validate()`` and ``test()`` run the same with ``test_*`` hooks)::
+
+    on_validation_start                          # module.eval(), gradients off
+    on_validation_epoch_start
+    for each dataloader, for each batch:
+        on_validation_batch_start(batch, batch_idx, dataloader_idx)
+        validation_step(batch, batch_idx[, dataloader_idx])
+        on_validation_batch_end(outputs, batch, batch_idx, dataloader_idx)
+    on_validation_epoch_end                      # module → callbacks
+    epoch metrics final, sent to loggers
+    on_validation_end                            # module → callbacks; module.train() after it
+
+Between a module hook and the callbacks' hook of the same name: callbacks run first, except on
+``*_end`` hooks and ``teardown``, where the module runs first so callbacks see what it logged.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from trainer.loops.progress import Progress
+from trainer.optimizers import step_schedulers
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainer.trainer import Trainer
+
+
+class FitLoop:
+    """Epochs of training with validation; owns the :class:`Progress` counters."""
+
+    def __init__(self, trainer: "Trainer") -> None:
+        self.trainer = trainer
+        self.progress = Progress()
+
+    @property
+    def done(self) -> bool:
+        """True when max_steps or max_epochs is reached, or a stop was requested and min_epochs is met."""
+        trainer = self.trainer
+        progress = self.progress
+        if trainer.max_steps != -1 and progress.global_step >= trainer.max_steps:
+            return True
+        if trainer.max_epochs != -1 and progress.epoch >= trainer.max_epochs:
+            return True
+        return trainer.should_stop and trainer._can_stop()
+
+    def run(self, epoch_loop: Any) -> None:
+        """Run epochs until :attr:`done`. Assumes set-up (strategy, optimizers, restore) is complete."""
+        trainer = self.trainer
+        progress = self.progress
+        trainer._call_hook("on_train_start")
+        while not self.done:
+            loader = trainer._train_dataloader
+            num_batches = trainer.num_training_batches
+            results = trainer._train_results
+            if progress.batch_in_epoch == 0:
+                results.reset_epoch()
+            results.epoch_level = True
+            trainer._call_hook("on_train_epoch_start")
+            results.epoch_level = False
+            iterator = trainer._train_iterator(progress.epoch, progress.batch_in_epoch)
+            epoch_loop.run(iterator, num_batches)
+            if (trainer.max_steps != -1 and progress.global_step >= trainer.max_steps
+                    and progress.batch_in_epoch < num_batches):  # fmt: skip
+                break  # max_steps stopped the epoch mid-way: the epoch did not end
+            if math.isinf(num_batches) and trainer._val_enabled and not progress.val_pending:
+                trainer._run_validation_in_fit()  # epoch end of an unsized loader
+            self._end_epoch()
+        trainer._call_hook("on_train_end")
+
+    def _end_epoch(self) -> None:
+        trainer = self.trainer
+        progress = self.progress
+        results = trainer._train_results
+        results.epoch_done = True
+        results.epoch_level = True
+        module_hook = trainer._hooks.module_hooks.get("on_train_epoch_end")
+        if module_hook is not None:
+            module_hook()
+        step_schedulers(trainer.lr_scheduler_configs, "epoch", progress.epoch + 1, lambda: trainer.callback_metrics)
+        progress.epoch_finished = True
+        for hook in trainer._hooks.callback_hooks["on_train_epoch_end"]:
+            hook(trainer, trainer.module)
+        trainer._log_epoch_metrics(results)
+        results.epoch_done = False
+        progress.epoch += 1
+        progress.batch_in_epoch = 0
+        progress.epoch_finished = False

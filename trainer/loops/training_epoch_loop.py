@@ -1,0 +1,110 @@
+"""One training epoch: batches, optimizer steps, step logging and in-epoch validation.
+
+The per-batch path does what a hand-written loop does plus a handful of attribute reads: no
+allocation, no host-device sync and no collective of its own.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from strategies.errors import ConfigurationError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainer.trainer import Trainer
+
+_END = object()
+
+
+class TrainingEpochLoop:
+    """Runs the micro-batches of one epoch. See :mod:`trainer.loops.fit_loop` for the hook order."""
+
+    def __init__(self, trainer: "Trainer", optimization: Any) -> None:
+        self.trainer = trainer
+        self.optimization = optimization
+
+    def val_check_batch(self, num_batches: float) -> int:
+        """After how many micro-batches validation runs (0: never in this epoch)."""
+        trainer = self.trainer
+        if not trainer._val_enabled:
+            return 0
+        every_n = trainer.check_val_every_n_epoch
+        if every_n is not None and (trainer.fit_loop.progress.epoch + 1) % every_n:
+            return 0
+        interval = trainer.val_check_interval
+        if interval is None or (isinstance(interval, float) and interval == 1.0):
+            return 0 if math.isinf(num_batches) else max(int(num_batches), 1)
+        if isinstance(interval, float):
+            if math.isinf(num_batches):
+                raise ConfigurationError(
+                    f"val_check_interval={interval} is a fraction of an epoch, but the training dataloader has no "
+                    "length. Use an int number of batches, e.g. val_check_interval=1000."
+                )
+            return max(int(num_batches * interval), 1)
+        if every_n is not None and interval > num_batches:
+            raise ConfigurationError(
+                f"val_check_interval={interval} exceeds the {int(num_batches)} training batches per epoch. Use a "
+                "smaller value, or check_val_every_n_epoch=None to count batches across epochs."
+            )
+        return interval
+
+    def run(self, iterator: Any, num_batches: float) -> None:
+        """Consume ``iterator`` from ``progress.batch_in_epoch`` up to ``num_batches`` micro-batches."""
+        trainer = self.trainer
+        progress = trainer.fit_loop.progress
+        strategy = trainer.strategy
+        results = trainer._train_results
+        call_hook = trainer._call_hook
+        run_step = self.optimization.run
+        accumulate = trainer.accumulate_grad_batches
+        log_every = trainer.log_every_n_steps
+        max_steps = trainer.max_steps
+        val_every = self.val_check_batch(num_batches)
+        across_epochs = trainer.check_val_every_n_epoch is None
+        known_length = not math.isinf(num_batches)
+        batch_idx = progress.batch_in_epoch
+
+        if progress.val_pending:  # resumed from a checkpoint saved between a batch and its validation
+            trainer._run_validation_in_fit()
+
+        lookahead = _END if known_length else next(iterator, _END)
+        while batch_idx < num_batches:
+            if known_length:
+                batch = next(iterator, _END)
+                if batch is _END:
+                    break
+                is_last = batch_idx + 1 >= num_batches
+            else:
+                batch = lookahead
+                if batch is _END:
+                    break
+                lookahead = next(iterator, _END)
+                is_last = lookahead is _END
+
+            batch = strategy.batch_to_device(batch)
+            results.set_batch(batch)
+            if call_hook("on_train_batch_start", batch, batch_idx) == -1:
+                break
+            window_end = is_last or (batch_idx + 1) % accumulate == 0
+            steps_before = progress.global_step
+            outputs = run_step(batch, batch_idx, window_end)
+
+            batch_idx += 1
+            progress.batch_in_epoch = batch_idx
+            progress.total_batches += 1
+            stepped = progress.global_step != steps_before
+            if stepped:
+                progress.batches_that_stepped += 1
+            if val_every:
+                counter = progress.total_batches if across_epochs else batch_idx
+                progress.val_pending = counter % val_every == 0
+            call_hook("on_train_batch_end", outputs, batch, batch_idx - 1)
+
+            if stepped and progress.batches_that_stepped % log_every == 0:
+                trainer._log_step_metrics()
+            if progress.val_pending:
+                trainer._run_validation_in_fit()
+            if (max_steps != -1 and progress.global_step >= max_steps) or (trainer.should_stop and trainer._can_stop()):
+                break
+            if is_last:
+                break

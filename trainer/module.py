@@ -1,0 +1,384 @@
+"""``TrainModule``: a ``torch.nn.Module`` that holds the science (steps, optimizers, hooks).
+
+A Lightning user renames ``LightningModule`` to ``TrainModule``; the hooks and methods keep their names.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Union
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from strategies.errors import ConfigurationError
+from trainer.hparams import AttributeDict, collect_init_args, plain_hparams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainer.trainer import Trainer
+
+_LOG_WARNED = False
+
+
+class TrainModule(nn.Module):
+    """Subclass this and implement ``training_step`` and ``configure_optimizers``; the Trainer does the rest.
+
+    Hooks are no-ops by default; :mod:`trainer.loops.fit_loop` documents the order in which they run.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trainer: Optional["Trainer"] = None
+        self._hparams: AttributeDict = AttributeDict()
+        self._hparams_initial: AttributeDict = AttributeDict()
+        self.automatic_optimization: bool = True
+
+    # ------------------------------------------------------------------ properties set by the trainer
+    @property
+    def trainer(self) -> "Trainer":
+        """The Trainer running this module (raises when the module is not attached to one)."""
+        if self._trainer is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) first.")
+        return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Optional["Trainer"]) -> None:
+        object.__setattr__(self, "_trainer", trainer)
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the module's first parameter (or buffer); CPU for a module without either."""
+        for tensor in self.parameters():
+            return tensor.device
+        for tensor in self.buffers():
+            return tensor.device
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the module's first floating parameter."""
+        for tensor in self.parameters():
+            if tensor.is_floating_point():
+                return tensor.dtype
+        return torch.get_default_dtype()
+
+    @property
+    def current_epoch(self) -> int:
+        """Current epoch (0-based); 0 when not attached."""
+        return self._trainer.current_epoch if self._trainer is not None else 0
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far; 0 when not attached."""
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    @property
+    def global_rank(self) -> int:
+        """Rank of this process in the whole job."""
+        return self._trainer.global_rank if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its node."""
+        return self._trainer.local_rank if self._trainer is not None else 0
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """Hyperparameters recorded by :meth:`save_hyperparameters` (saved in checkpoints)."""
+        return self._hparams
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of the hyperparameters as first recorded."""
+        return copy.deepcopy(self._hparams_initial)
+
+    # ------------------------------------------------------------------ steps (override)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Inference forward; ``predict_step`` calls it by default."""
+        raise NotImplementedError(f"{type(self).__name__}.forward is not implemented.")
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        """Return a loss tensor, a dict with key ``"loss"``, or ``None`` to skip this batch's optimizer step."""
+        raise NotImplementedError(f"{type(self).__name__} must implement training_step(batch, batch_idx).")
+
+    def validation_step(self, batch: Any, batch_idx: int, *args: Any) -> Any:
+        """One validation batch; log metrics with :meth:`log`."""
+
+    def test_step(self, batch: Any, batch_idx: int, *args: Any) -> Any:
+        """One test batch; log metrics with :meth:`log`."""
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        """One prediction batch; defaults to ``self(batch)``."""
+        return self(batch)
+
+    def configure_optimizers(self) -> Any:
+        """Return an optimizer, ``([optimizers], [schedulers])``, or ``{"optimizer": ..., "lr_scheduler": ...}``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement configure_optimizers().")
+
+    def configure_callbacks(self) -> Union[Iterable[Any], Any]:
+        """Callbacks this module needs; added to (and replacing same-type) Trainer callbacks."""
+        return []
+
+    def configure_gradient_clipping(
+        self, optimizer: Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None
+    ) -> None:
+        """Clip gradients before the step; by default applies the Trainer's ``gradient_clip_val``."""
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    # ------------------------------------------------------------------ data hooks (optional)
+    def train_dataloader(self) -> Any:
+        """Training data, used when none is passed to ``fit``."""
+        return None
+
+    def val_dataloader(self) -> Any:
+        """Validation data, used when none is passed to ``fit``/``validate``."""
+        return None
+
+    def test_dataloader(self) -> Any:
+        """Test data, used when none is passed to ``test``."""
+        return None
+
+    def predict_dataloader(self) -> Any:
+        """Prediction data, used when none is passed to ``predict``."""
+        return None
+
+    # ------------------------------------------------------------------ hooks (no-ops)
+    def setup(self, stage: str) -> None:
+        """Called at the start of fit/validate/test/predict on every process (``stage`` names which)."""
+
+    def teardown(self, stage: str) -> None:
+        """Called at the end of fit/validate/test/predict."""
+
+    def on_fit_start(self) -> None:
+        """Called at the very beginning of fit."""
+
+    def on_fit_end(self) -> None:
+        """Called at the very end of fit."""
+
+    def on_train_start(self) -> None:
+        """Called when the training loop begins (after the sanity check)."""
+
+    def on_train_end(self) -> None:
+        """Called when the training loop ends."""
+
+    def on_train_epoch_start(self) -> None:
+        """Called at the start of each training epoch."""
+
+    def on_train_epoch_end(self) -> None:
+        """Called at the end of each training epoch (after its validation)."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> Optional[int]:
+        """Called before ``training_step``; return ``-1`` to skip the rest of the epoch."""
+        return None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Called after the micro-batch (and the optimizer step when the window completed)."""
+
+    def on_validation_start(self) -> None:
+        """Called when a validation run begins."""
+
+    def on_validation_end(self) -> None:
+        """Called when a validation run ends."""
+
+    def on_validation_epoch_start(self) -> None:
+        """Called at the start of a validation epoch."""
+
+    def on_validation_epoch_end(self) -> None:
+        """Called at the end of a validation epoch."""
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called before ``validation_step``."""
+
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called after ``validation_step``."""
+
+    def on_test_start(self) -> None:
+        """Called when a test run begins."""
+
+    def on_test_end(self) -> None:
+        """Called when a test run ends."""
+
+    def on_test_epoch_start(self) -> None:
+        """Called at the start of the test epoch."""
+
+    def on_test_epoch_end(self) -> None:
+        """Called at the end of the test epoch."""
+
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called before ``test_step``."""
+
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called after ``test_step``."""
+
+    def on_predict_start(self) -> None:
+        """Called when a predict run begins."""
+
+    def on_predict_end(self) -> None:
+        """Called when a predict run ends."""
+
+    def on_predict_epoch_start(self) -> None:
+        """Called at the start of the predict epoch."""
+
+    def on_predict_epoch_end(self) -> None:
+        """Called at the end of the predict epoch."""
+
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called before ``predict_step``."""
+
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called after ``predict_step``."""
+
+    def on_before_backward(self, loss: Tensor) -> None:
+        """Called before ``backward`` with the (accumulation-scaled) loss."""
+
+    def on_after_backward(self) -> None:
+        """Called after ``backward``; gradients may still be scaled under 16-mixed."""
+
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
+        """Called before the optimizer step with true (unscaled), not-yet-clipped gradients."""
+
+    def on_before_zero_grad(self, optimizer: Optimizer) -> None:
+        """Called after the optimizer step, before gradients are cleared."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Add or edit entries of a checkpoint being saved."""
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Read entries of a checkpoint being restored."""
+
+    # ------------------------------------------------------------------ logging
+    def log(
+        self,
+        name: str,
+        value: Any,
+        prog_bar: bool = False,
+        logger: bool = True,
+        on_step: Optional[bool] = None,
+        on_epoch: Optional[bool] = None,
+        reduce_fx: Union[str, Callable] = "mean",
+        sync_dist: bool = False,
+        batch_size: Optional[int] = None,
+        add_dataloader_idx: bool = True,
+        **_ignored: Any,
+    ) -> None:
+        """Record a metric: a number, a scalar tensor or a ``torchmetrics.Metric``.
+
+        Defaults: in training ``on_step=True, on_epoch=False``; in validation/test and in epoch-level hooks
+        ``on_step=False, on_epoch=True``. Epoch values are means weighted by batch size (or ``reduce_fx``).
+        Tensors are detached (no graph is kept) and read on the host only at logging intervals.
+        """
+        results = self._trainer._results if self._trainer is not None else None
+        if results is None:
+            _warn_not_attached(name)
+            return
+        results.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, add_dataloader_idx)
+
+    def log_dict(
+        self,
+        dictionary: Mapping[str, Any],
+        prog_bar: bool = False,
+        logger: bool = True,
+        on_step: Optional[bool] = None,
+        on_epoch: Optional[bool] = None,
+        reduce_fx: Union[str, Callable] = "mean",
+        sync_dist: bool = False,
+        batch_size: Optional[int] = None,
+        add_dataloader_idx: bool = True,
+        **_ignored: Any,
+    ) -> None:
+        """:meth:`log` every item of ``dictionary`` (or a torchmetrics ``MetricCollection``) with the same options."""
+        items = dictionary.items()
+        if hasattr(dictionary, "compute") and hasattr(dictionary, "keys"):  # MetricCollection: log each metric
+            items = [(k, m) for k, m in dictionary.items(keep_base=False, copy_state=False)]
+        for name, value in items:
+            self.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, add_dataloader_idx)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` from global rank 0 only."""
+        if self.global_rank == 0:
+            print(*args, **kwargs)
+
+    # ------------------------------------------------------------------ manual optimisation
+    def optimizers(self) -> Any:
+        """The optimizer(s) from ``configure_optimizers``, wrapped so ``step()`` runs through the precision plugin."""
+        optimizers = self.trainer._manual_optimizers
+        return optimizers[0] if len(optimizers) == 1 else optimizers
+
+    def lr_schedulers(self) -> Any:
+        """The scheduler(s) from ``configure_optimizers`` (``None`` when there are none)."""
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
+
+    def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward for manual optimisation: loss scaling and hooks as in automatic mode."""
+        trainer = self.trainer
+        if self.automatic_optimization:
+            raise ConfigurationError(
+                "manual_backward is for manual optimisation: set self.automatic_optimization = False in __init__."
+            )
+        trainer._call_hook("on_before_backward", loss)
+        trainer.strategy.backward(loss)
+        trainer._call_hook("on_after_backward")
+
+    def clip_gradients(
+        self, optimizer: Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None
+    ) -> None:
+        """Clip gradients of ``optimizer``'s parameters by norm (default) or value; unscales first under 16-mixed."""
+        if gradient_clip_val is None or gradient_clip_val == 0:
+            return
+        algorithm = gradient_clip_algorithm or "norm"
+        if algorithm not in ("norm", "value"):
+            raise ConfigurationError(f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
+        self.trainer.strategy.clip_gradients(optimizer, float(gradient_clip_val), algorithm)
+
+    # ------------------------------------------------------------------ hyperparameters and checkpoints
+    def save_hyperparameters(self, *args: Any, ignore: Optional[Union[str, Iterable[str]]] = None, frame: Any = None) -> None:
+        """Record the ``__init__`` arguments (all, or those named in ``args``) in ``self.hparams``.
+
+        Values must be plain Python values or tensors so checkpoints stay safe to load; others are skipped
+        with a warning (pass them again to ``load_from_checkpoint`` as overrides).
+        """
+        caller = frame or inspect.currentframe().f_back
+        if len(args) == 1 and isinstance(args[0], Mapping):
+            values = dict(args[0])
+        else:
+            init_args = collect_init_args(caller, type(self))
+            if args:
+                missing = [a for a in args if a not in init_args]
+                if missing:
+                    raise ConfigurationError(f"save_hyperparameters: {missing} are not arguments of __init__.")
+                values = {a: init_args[a] for a in args}
+            else:
+                values = init_args
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        values = {k: v for k, v in values.items() if k not in ignored}
+        self._hparams.update(plain_hparams(values, type(self).__name__))
+        self._hparams_initial = copy.deepcopy(self._hparams)
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: Union[str, Path],
+        map_location: Any = None,
+        strict: bool = True,
+        **overrides: Any,
+    ) -> "TrainModule":
+        """Rebuild the module from the hyperparameters in a checkpoint (``overrides`` win) and load its weights."""
+        from trainer.checkpointing import load_module_from_checkpoint
+
+        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides)
+
+
+def _warn_not_attached(name: str) -> None:
+    global _LOG_WARNED
+    if not _LOG_WARNED:
+        warnings.warn(
+            f"self.log({name!r}, ...) was called on a module that is not run by a Trainer; the value is ignored.",
+            stacklevel=3,
+        )
+        _LOG_WARNED = True

@@ -1,0 +1,140 @@
+"""Parse what ``configure_optimizers`` returns, and step LR schedulers by interval and frequency."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from torch.optim import Optimizer
+
+from strategies.errors import ConfigurationError
+
+_SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "monitor", "strict", "name")
+_FORMS = (
+    "configure_optimizers must return one of: an optimizer; a list of optimizers; "
+    "([optimizers], [schedulers]); {'optimizer': opt, 'lr_scheduler': sched or {'scheduler': sched, "
+    "'interval': 'epoch'|'step', 'frequency': 1, 'monitor': 'val_loss'}}; a list of such dicts; or None."
+)
+
+
+@dataclass
+class SchedulerConfig:
+    """One LR scheduler and when to step it."""
+
+    scheduler: Any
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: Optional[str] = None
+    strict: bool = True
+    name: Optional[str] = None
+    reduce_on_plateau: bool = False
+
+
+def _is_optimizer(obj: Any) -> bool:
+    return isinstance(obj, Optimizer) or (hasattr(obj, "step") and hasattr(obj, "param_groups"))
+
+
+def _is_plateau(scheduler: Any) -> bool:
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+    return isinstance(scheduler, ReduceLROnPlateau)
+
+
+def _scheduler_config(item: Any, monitor: Optional[str] = None) -> SchedulerConfig:
+    if isinstance(item, dict):
+        unknown = set(item) - set(_SCHEDULER_KEYS)
+        if unknown:
+            raise ConfigurationError(
+                f"configure_optimizers: unknown lr_scheduler key(s) {sorted(unknown)}. Valid keys: {list(_SCHEDULER_KEYS)}."
+            )
+        if "scheduler" not in item:
+            raise ConfigurationError("configure_optimizers: an lr_scheduler dict needs a 'scheduler' key.")
+        config = SchedulerConfig(**{"monitor": monitor, **item})
+    else:
+        config = SchedulerConfig(scheduler=item, monitor=monitor)
+    scheduler = config.scheduler
+    if not hasattr(scheduler, "step") or not hasattr(scheduler, "optimizer"):
+        raise ConfigurationError(
+            f"configure_optimizers: {type(scheduler).__name__} is not an LR scheduler (it needs .step() and "
+            ".optimizer, like torch.optim.lr_scheduler classes)."
+        )
+    if config.interval not in ("epoch", "step"):
+        raise ConfigurationError(
+            f"configure_optimizers: lr_scheduler interval={config.interval!r} is not valid. Use 'epoch' or 'step'."
+        )
+    if isinstance(config.frequency, bool) or not isinstance(config.frequency, int) or config.frequency < 1:
+        raise ConfigurationError(f"configure_optimizers: lr_scheduler frequency={config.frequency!r} must be an int >= 1.")
+    config.reduce_on_plateau = _is_plateau(scheduler)
+    if config.reduce_on_plateau and not config.monitor:
+        raise ConfigurationError(
+            "configure_optimizers: ReduceLROnPlateau needs a metric to monitor. Return "
+            "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}."
+        )
+    return config
+
+
+def _from_dict(item: dict) -> tuple[Optimizer, list[SchedulerConfig]]:
+    unknown = set(item) - {"optimizer", "lr_scheduler", "monitor"}
+    if unknown:
+        raise ConfigurationError(
+            f"configure_optimizers: unknown key(s) {sorted(unknown)}. Valid keys: 'optimizer', 'lr_scheduler', 'monitor'."
+        )
+    if "optimizer" not in item or not _is_optimizer(item["optimizer"]):
+        raise ConfigurationError(f"configure_optimizers returned a dict without a usable 'optimizer'. {_FORMS}")
+    schedulers = []
+    if item.get("lr_scheduler") is not None:
+        schedulers.append(_scheduler_config(item["lr_scheduler"], item.get("monitor")))
+    return item["optimizer"], schedulers
+
+
+def parse_optimizers(output: Any) -> tuple[list[Optimizer], list[SchedulerConfig]]:
+    """Normalise every accepted ``configure_optimizers`` form into (optimizers, scheduler configs)."""
+    if output is None:
+        warnings.warn("configure_optimizers returned None: training runs without an optimizer.", stacklevel=2)
+        return [], []
+    if _is_optimizer(output):
+        return [output], []
+    if isinstance(output, dict):
+        optimizer, schedulers = _from_dict(output)
+        return [optimizer], schedulers
+    if isinstance(output, (list, tuple)):
+        items = list(output)
+        if len(items) == 2 and isinstance(items[0], (list, tuple)):
+            optimizers = list(items[0])
+            scheduler_items = items[1] if isinstance(items[1], (list, tuple)) else [items[1]]
+            if not optimizers or not all(_is_optimizer(o) for o in optimizers):
+                raise ConfigurationError(f"configure_optimizers: the first list must hold optimizers. {_FORMS}")
+            return optimizers, [_scheduler_config(s) for s in scheduler_items]
+        if items and all(_is_optimizer(o) for o in items):
+            return items, []
+        if items and all(isinstance(o, dict) for o in items):
+            optimizers, schedulers = [], []
+            for item in items:
+                optimizer, configs = _from_dict(item)
+                optimizers.append(optimizer)
+                schedulers.extend(configs)
+            return optimizers, schedulers
+    raise ConfigurationError(f"configure_optimizers returned {type(output).__name__} {output!r:.200}. {_FORMS}")
+
+
+def step_schedulers(
+    configs: list[SchedulerConfig], interval: str, counter: int, metrics: Callable[[], dict[str, Any]]
+) -> None:
+    """Step every scheduler of ``interval`` whose ``frequency`` divides ``counter`` (steps or epochs done)."""
+    for config in configs:
+        if config.interval != interval or counter % config.frequency:
+            continue
+        if config.reduce_on_plateau:
+            available = metrics()
+            value = available.get(config.monitor)
+            if value is None:
+                if config.strict:
+                    raise ConfigurationError(
+                        f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged. Logged metrics: "
+                        f"{sorted(available)}. Log it with self.log({config.monitor!r}, ...) or set 'strict': False."
+                    )
+                warnings.warn(f"ReduceLROnPlateau: {config.monitor!r} not logged yet; scheduler not stepped.", stacklevel=2)
+                continue
+            config.scheduler.step(float(value))
+        else:
+            config.scheduler.step()

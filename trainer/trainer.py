@@ -1,0 +1,614 @@
+"""``Trainer``: turns arguments into objects and runs fit/validate/test/predict.
+
+The loops live in :mod:`trainer.loops` (hook order in :mod:`trainer.loops.fit_loop`); devices, wrapping,
+precision and collectives live in the Strategy; checkpoint contents in :mod:`trainer.checkpointing`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+from callbacks.callback import Callback
+from loggers.logger import Logger
+from strategies.connector import build_strategy
+from strategies.errors import ConfigurationError
+from strategies.rank import rank_zero_only
+from strategies.strategy import Strategy
+from trainer import data as data_utils
+from trainer.arguments import build_callbacks, build_loggers, set_deterministic, validate_arguments
+from trainer.checkpointing import CheckpointConnector
+from trainer.datamodule import DataModule
+from trainer.hooks import HookDispatcher, overrides
+from trainer.logged_metrics import ResultCollection
+from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
+from trainer.loops.fit_loop import FitLoop
+from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
+from trainer.loops.training_epoch_loop import TrainingEpochLoop
+from trainer.module import TrainModule
+from trainer.optimizers import SchedulerConfig, parse_optimizers
+from trainer.seed import isolated_rng, seed_everything
+
+
+class Trainer:
+    """Runs a :class:`TrainModule`'s training, validation, test and prediction.
+
+    ``Trainer(devices=4, precision=16, accumulate_grad_batches=16).fit(module, train_loader, val_loader)``.
+    Every argument is validated here, with an error naming the argument and what would be valid.
+    """
+
+    def __init__(
+        self,
+        accelerator: str = "auto",
+        devices: Union[str, int, list[int]] = "auto",
+        num_nodes: int = 1,
+        strategy: Union[str, Strategy] = "auto",
+        precision: Union[str, int] = "32-true",
+        max_epochs: Optional[int] = None,
+        min_epochs: Optional[int] = None,
+        max_steps: int = -1,
+        limit_train_batches: Optional[Union[int, float]] = None,
+        limit_val_batches: Optional[Union[int, float]] = None,
+        limit_test_batches: Optional[Union[int, float]] = None,
+        limit_predict_batches: Optional[Union[int, float]] = None,
+        val_check_interval: Optional[Union[int, float]] = None,
+        check_val_every_n_epoch: Optional[int] = 1,
+        num_sanity_val_steps: int = 2,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: Optional[float] = None,
+        gradient_clip_algorithm: str = "norm",
+        callbacks: Optional[Union[Callback, list[Callback]]] = None,
+        logger: Union[bool, Logger, Iterable[Logger], None] = True,
+        log_every_n_steps: int = 50,
+        enable_checkpointing: bool = True,
+        enable_progress_bar: bool = True,
+        enable_model_summary: bool = True,
+        default_root_dir: Optional[Union[str, os.PathLike]] = None,
+        deterministic: Union[bool, str] = False,
+        fast_dev_run: Union[bool, int] = False,
+        use_distributed_sampler: bool = True,
+        detect_anomaly: bool = False,
+        seed: Optional[int] = None,
+    ) -> None:
+        settings = validate_arguments(dict(
+            max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps, limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches, limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches, val_check_interval=val_check_interval,
+            check_val_every_n_epoch=check_val_every_n_epoch, num_sanity_val_steps=num_sanity_val_steps,
+            accumulate_grad_batches=accumulate_grad_batches, gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm, log_every_n_steps=log_every_n_steps,
+            default_root_dir=default_root_dir, deterministic=deterministic, fast_dev_run=fast_dev_run, seed=seed,
+        ))  # fmt: skip
+        for name, value in settings.items():
+            setattr(self, name, value)
+        self.use_distributed_sampler = bool(use_distributed_sampler)
+        self.detect_anomaly = bool(detect_anomaly)
+        self.enable_checkpointing = bool(enable_checkpointing)
+        self.enable_progress_bar = bool(enable_progress_bar)
+        self.enable_model_summary = bool(enable_model_summary)
+        if seed is not None:
+            seed_everything(seed)
+        self.strategy: Strategy = build_strategy(accelerator, devices, num_nodes, strategy, precision)
+        self.precision: str = self.strategy.precision.name
+        self.num_nodes = num_nodes
+        set_deterministic(deterministic)
+
+        self.module: Optional[TrainModule] = None
+        self.datamodule: Optional[DataModule] = None
+        self.should_stop = False
+        self.sanity_checking = False
+        self.state_stage: Optional[str] = None
+        self.fit_loop = FitLoop(self)
+        self._checkpoint = CheckpointConnector(self)
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._manual_optimizers: list[ManualOptimizer] = []
+        self.lr_scheduler_configs: list[SchedulerConfig] = []
+        self._results: Optional[ResultCollection] = None
+        self._train_results = ResultCollection("train", self.strategy.reduce)
+        self._val_results = ResultCollection("validate", self.strategy.reduce)
+        self._callback_metrics: dict[str, Any] = {}
+        self._logged_metrics: dict[str, Any] = {}
+        self._progress_bar_metrics: dict[str, float] = {}
+        self._train_dataloader: Any = None
+        self._val_dataloaders: list[Any] = []
+        self._val_batch_limits: list[float] = []
+        self.num_training_batches: float = 0
+        self._val_enabled = False
+        self._hooks: Optional[HookDispatcher] = None
+        self.loggers: list[Logger] = build_loggers(logger, self.default_root_dir, self.fast_dev_run)
+        self.callbacks: list[Callback] = build_callbacks(
+            callbacks, self.enable_checkpointing, self.enable_progress_bar, self.enable_model_summary
+        )
+
+    # ------------------------------------------------------------------ entry points
+    def fit(
+        self,
+        model: TrainModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: Optional[DataModule] = None,
+        ckpt_path: Optional[Union[str, os.PathLike]] = None,
+    ) -> None:
+        """Train ``model``; ``ckpt_path`` ("last", "best" or a file) resumes exactly where that run stopped."""
+        if isinstance(train_dataloaders, DataModule):
+            if datamodule is not None:
+                raise ConfigurationError("fit() got a DataModule twice (as train_dataloaders and datamodule).")
+            datamodule, train_dataloaders = train_dataloaders, None
+        if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
+            raise ConfigurationError("fit(): pass either dataloaders or a datamodule, not both.")
+        self._check_module(model, "fit")
+        self._launch(self._fit_impl, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+
+    def validate(
+        self,
+        model: Optional[TrainModule] = None,
+        dataloaders: Any = None,
+        ckpt_path: Optional[Union[str, os.PathLike]] = None,
+        datamodule: Optional[DataModule] = None,
+        verbose: bool = True,
+    ) -> list[dict[str, float]]:
+        """Run one validation epoch; returns one dict of metrics per dataloader."""
+        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose)
+
+    def test(
+        self,
+        model: Optional[TrainModule] = None,
+        dataloaders: Any = None,
+        ckpt_path: Optional[Union[str, os.PathLike]] = None,
+        datamodule: Optional[DataModule] = None,
+        verbose: bool = True,
+    ) -> list[dict[str, float]]:
+        """Run one test epoch; returns one dict of metrics per dataloader."""
+        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose)
+
+    def predict(
+        self,
+        model: Optional[TrainModule] = None,
+        dataloaders: Any = None,
+        datamodule: Optional[DataModule] = None,
+        return_predictions: bool = True,
+        ckpt_path: Optional[Union[str, os.PathLike]] = None,
+    ) -> Any:
+        """Run ``predict_step`` over the data; returns the outputs (one list per dataloader if several)."""
+        if isinstance(dataloaders, DataModule):
+            datamodule, dataloaders = dataloaders, None
+        model = self._model_or_fitted(model, "predict")
+        return self._launch(self._predict_impl, model, dataloaders, datamodule, return_predictions, ckpt_path)
+
+    def save_checkpoint(self, filepath: Union[str, os.PathLike], weights_only: bool = False) -> None:
+        """Write a checkpoint of the current state (atomically; global rank 0 writes, all ranks must call)."""
+        if self.module is None:
+            raise RuntimeError("save_checkpoint() needs a module: call it during or after fit/validate/test.")
+        self._checkpoint.save(filepath, weights_only)
+
+    # ------------------------------------------------------------------ stage implementations
+    def _launch(self, fn: Any, *args: Any) -> Any:
+        launcher = self.strategy.launcher
+        if launcher is not None:
+            return launcher.launch(fn, *args)
+        return fn(*args)
+
+    def _fit_impl(self, model: TrainModule, train_dataloaders: Any, val_dataloaders: Any,
+                  datamodule: Optional[DataModule], ckpt_path: Any) -> None:  # fmt: skip
+        with self._stage("fit", model, datamodule):
+            self._setup_fit_data(model, train_dataloaders, val_dataloaders, datamodule)
+            self.strategy.setup_module(model)
+            self._setup_optimizers(model)
+            self.should_stop = False
+            if ckpt_path is not None:
+                self._checkpoint.restore_training(ckpt_path)
+            model.train()
+            self._call_hook("on_fit_start")
+            self._logger_hyperparams(model)
+            self._run_sanity_check()
+            epoch_loop = TrainingEpochLoop(self, self._optimization)
+            self._results = self._train_results
+            with torch.autograd.set_detect_anomaly(True) if self.detect_anomaly else contextlib.nullcontext():
+                self.fit_loop.run(epoch_loop)
+            self._call_hook("on_fit_end")
+            self._finalize_loggers("success")
+
+    def _evaluate(self, stage: str, model: Optional[TrainModule], dataloaders: Any, ckpt_path: Any,
+                  datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
+        if isinstance(dataloaders, DataModule):
+            datamodule, dataloaders = dataloaders, None
+        model = self._model_or_fitted(model, stage)
+        step = "validation_step" if stage == "validate" else "test_step"
+        if not overrides(model, TrainModule, step):
+            raise ConfigurationError(f"{stage}() needs {type(model).__name__}.{step} to be implemented.")
+        return self._launch(self._evaluate_impl, stage, model, dataloaders, ckpt_path, datamodule, verbose)
+
+    def _evaluate_impl(self, stage: str, model: TrainModule, dataloaders: Any, ckpt_path: Any,
+                       datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
+        with self._stage(stage, model, datamodule):
+            source = "val_dataloader" if stage == "validate" else "test_dataloader"
+            loaders = self._eval_loaders(dataloaders, datamodule, model, source, f"{stage}(dataloaders=...)")
+            limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
+            limits = [data_utils.limited_batches(dl, limit, f"limit_{'val' if stage == 'validate' else 'test'}_batches")
+                      for dl in loaders]  # fmt: skip
+            self.strategy.setup_module(model)
+            if ckpt_path is not None:
+                self._checkpoint.restore_weights(ckpt_path)
+            results = ResultCollection(stage, self.strategy.reduce)
+            outputs = EvaluationLoop(self, stage).run(loaders, limits, results)
+            if verbose and self.is_global_zero:
+                _print_results(stage, outputs)
+            self._finalize_loggers("success")
+            return outputs
+
+    def _predict_impl(self, model: TrainModule, dataloaders: Any, datamodule: Optional[DataModule],
+                      return_predictions: bool, ckpt_path: Any) -> Any:  # fmt: skip
+        with self._stage("predict", model, datamodule):
+            loaders = self._eval_loaders(dataloaders, datamodule, model, "predict_dataloader", "predict(dataloaders=...)")
+            limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
+            self.strategy.setup_module(model)
+            if ckpt_path is not None:
+                self._checkpoint.restore_weights(ckpt_path)
+            return PredictionLoop(self).run(loaders, limits, return_predictions)
+
+    @contextlib.contextmanager
+    def _stage(self, stage: str, model: TrainModule, datamodule: Optional[DataModule]):
+        """Set-up common to every stage; on_exception and teardown however the stage ends."""
+        self.state_stage = stage
+        self.strategy.setup_environment()
+        model.trainer = self
+        self.module = model
+        if datamodule is not None:
+            self.datamodule = datamodule
+            datamodule.trainer = self
+        self._hooks = HookDispatcher(self._callbacks_with(model), model)
+        try:
+            if datamodule is not None:
+                if self.local_rank == 0:
+                    datamodule.prepare_data()
+                self.strategy.barrier("prepare_data")
+                datamodule.setup(stage)
+            self._call_hook("setup", stage)
+            yield
+        except BaseException as exc:
+            for hook in self._hooks.callback_hooks["on_exception"]:
+                hook(self, model, exc)
+            self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            raise
+        finally:
+            self._call_hook("teardown", stage)
+            if datamodule is not None:
+                datamodule.teardown(stage)
+            self._results = None
+            self.state_stage = None
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _check_module(self, model: Any, stage: str) -> None:
+        if not isinstance(model, TrainModule):
+            raise ConfigurationError(
+                f"{stage}() needs a TrainModule; got {type(model).__name__}. Subclass trainer.TrainModule "
+                "(a torch.nn.Module with training_step and configure_optimizers)."
+            )
+
+    def _model_or_fitted(self, model: Optional[TrainModule], stage: str) -> TrainModule:
+        if model is None:
+            if self.module is None:
+                raise ConfigurationError(f"{stage}() needs a model: pass it as {stage}(model, ...), or call fit() first.")
+            return self.module
+        self._check_module(model, stage)
+        return model
+
+    def _callbacks_with(self, model: TrainModule) -> list[Callback]:
+        extra = model.configure_callbacks()
+        extra = [extra] if isinstance(extra, Callback) else list(extra or [])
+        if extra:
+            replaced = {type(cb) for cb in extra}
+            self.callbacks = [cb for cb in self.callbacks if type(cb) not in replaced] + extra
+        return self.callbacks
+
+    def _setup_fit_data(self, model: TrainModule, train: Any, val: Any, datamodule: Optional[DataModule]) -> None:
+        if train is None:
+            train = datamodule.train_dataloader() if datamodule is not None else model.train_dataloader()
+        if train is None:
+            raise ConfigurationError(
+                "fit() has no training data: pass train_dataloaders=..., a datamodule with train_dataloader(), "
+                "or implement train_dataloader() on the module."
+            )
+        data_utils.check_iterable(train, "train_dataloaders")
+        sampler_kwargs = self.strategy.distributed_sampler_kwargs
+        self._train_dataloader = data_utils.prepare_loader(train, sampler_kwargs, True, self.use_distributed_sampler)
+        self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
+                                                               "limit_train_batches")  # fmt: skip
+        self._val_dataloaders, self._val_batch_limits = [], []
+        if overrides(model, TrainModule, "validation_step") and self.limit_val_batches != 0:
+            loaders = data_utils.as_loader_list(val) or data_utils.as_loader_list(
+                datamodule.val_dataloader() if datamodule is not None else model.val_dataloader()
+            )
+            for loader in loaders:
+                data_utils.check_iterable(loader, "val_dataloaders")
+            self._val_dataloaders = [data_utils.prepare_loader(dl, sampler_kwargs, False, self.use_distributed_sampler)
+                                     for dl in loaders]  # fmt: skip
+            self._val_batch_limits = [data_utils.limited_batches(dl, self.limit_val_batches, "limit_val_batches")
+                                      for dl in self._val_dataloaders]  # fmt: skip
+        self._val_enabled = any(limit > 0 for limit in self._val_batch_limits)
+
+    def _eval_loaders(self, loaders: Any, datamodule: Optional[DataModule], model: TrainModule,
+                      source: str, argument: str) -> list[Any]:  # fmt: skip
+        if loaders is None:
+            owner = datamodule if datamodule is not None else model
+            loaders = getattr(owner, source)()
+        loaders = data_utils.as_loader_list(loaders)
+        if not loaders:
+            raise ConfigurationError(
+                f"No data: pass {argument}, a datamodule with {source}(), or implement {source}() on the module."
+            )
+        for loader in loaders:
+            data_utils.check_iterable(loader, argument)
+        sampler_kwargs = self.strategy.distributed_sampler_kwargs
+        return [data_utils.prepare_loader(dl, sampler_kwargs, False, self.use_distributed_sampler) for dl in loaders]
+
+    def _setup_optimizers(self, model: TrainModule) -> None:
+        optimizers, schedulers = parse_optimizers(model.configure_optimizers())
+        self._optimizers = self.strategy.setup_optimizers(optimizers)
+        self.lr_scheduler_configs = schedulers
+        if model.automatic_optimization:
+            if len(self._optimizers) > 1:
+                raise ConfigurationError(
+                    f"configure_optimizers returned {len(self._optimizers)} optimizers. Automatic optimisation steps "
+                    "one; for several, set self.automatic_optimization = False and step them in training_step."
+                )
+            self._optimization: Any = AutomaticOptimization(self, self._optimizers[0] if self._optimizers else None)
+            self._manual_optimizers = []
+        else:
+            self._optimization = ManualOptimization(self)
+            self._manual_optimizers = [ManualOptimizer(opt, self) for opt in self._optimizers]
+
+    def _train_iterator(self, epoch: int, start_batch: int) -> Any:
+        return self._checkpoint.train_iterator(self._train_dataloader, epoch, start_batch)
+
+    def _run_sanity_check(self) -> None:
+        steps = self.num_sanity_val_steps
+        if not self._val_enabled or steps == 0 or self.fit_loop.progress.global_step > 0:
+            return
+        limits = [limit if steps == -1 else min(steps, limit) for limit in self._val_batch_limits]
+        self.sanity_checking = True
+        try:
+            with isolated_rng():  # a check must not change the training that follows
+                for hook in self._hooks.callback_hooks["on_sanity_check_start"]:
+                    hook(self, self.module)
+                EvaluationLoop(self, "validate").run(self._val_dataloaders, limits, self._val_results, False)
+                for hook in self._hooks.callback_hooks["on_sanity_check_end"]:
+                    hook(self, self.module)
+        finally:
+            self.sanity_checking = False
+            self._val_results.reset()
+
+    def _run_validation_in_fit(self) -> None:
+        progress = self.fit_loop.progress
+
+        def mark_done() -> None:
+            progress.val_pending = False  # a checkpoint saved in on_validation_end must not re-run this validation
+
+        EvaluationLoop(self, "validate").run(self._val_dataloaders, self._val_batch_limits, self._val_results,
+                                             True, mark_done)  # fmt: skip
+        progress.val_pending = False
+
+    def _can_stop(self) -> bool:
+        """A stop request is honoured once min_epochs epochs (including the current one) are done."""
+        return self.min_epochs is None or self.fit_loop.progress.epoch + 1 >= self.min_epochs
+
+    def _call_hook(self, name: str, *args: Any) -> Any:
+        return self._hooks(self, name, *args)
+
+    # ------------------------------------------------------------------ metrics to loggers
+    def _logger_step(self) -> int:
+        return max(self.fit_loop.progress.batches_that_stepped - 1, 0)
+
+    def _send_to_loggers(self, metrics: dict[str, Any]) -> None:
+        if not metrics:
+            return
+        metrics = dict(metrics, epoch=self.current_epoch)
+        self._logged_metrics.update(metrics)
+        if self.loggers and self.is_global_zero:
+            floats = {k: float(v) for k, v in metrics.items()}
+            step = self._logger_step()
+            for logger in self.loggers:
+                logger.log_metrics(floats, step)
+
+    def _log_step_metrics(self) -> None:
+        metrics = self._train_results.step_metrics(logger_only=True)
+        skipped = self.fit_loop.progress.skipped_steps
+        if skipped:
+            metrics["skipped_steps"] = skipped
+        self._send_to_loggers(metrics)
+
+    def _log_epoch_metrics(self, results: ResultCollection) -> None:
+        self._callback_metrics.update(results.callback_metrics(epoch_done=True))
+        self._progress_bar_metrics.update(results.prog_bar_metrics())
+        self._send_to_loggers(results.epoch_metrics(logger_only=True))
+
+    def _finish_eval_metrics(self, results: ResultCollection, num_loaders: int, log: bool) -> list[dict[str, float]]:
+        per_loader = results.eval_results(num_loaders)
+        if log:
+            self._callback_metrics.update(results.callback_metrics(epoch_done=True))
+            self._progress_bar_metrics.update(results.prog_bar_metrics())
+            self._send_to_loggers(results.epoch_metrics(logger_only=True))
+        return per_loader
+
+    @rank_zero_only
+    def _logger_hyperparams(self, model: TrainModule) -> None:
+        params = dict(model.hparams)
+        if self.datamodule is not None and hasattr(self.datamodule, "hparams"):
+            params.update(dict(self.datamodule.hparams))
+        for logger in self.loggers:
+            logger.log_hyperparams(params)
+
+    def _finalize_loggers(self, status: str) -> None:
+        if self.is_global_zero:
+            for logger in self.loggers:
+                logger.finalize(status)
+
+    # ------------------------------------------------------------------ public properties
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (not micro-batches)."""
+        return self.fit_loop.progress.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch being run (0-based); after fit, the number of epochs completed."""
+        return self.fit_loop.progress.epoch
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps the 16-mixed gradient scaler skipped because gradients were inf/nan."""
+        return self.fit_loop.progress.skipped_steps
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers from ``configure_optimizers`` (after strategy set-up)."""
+        return self._optimizers
+
+    @property
+    def lr_schedulers(self) -> list[Any]:
+        """The LR schedulers from ``configure_optimizers``."""
+        return [config.scheduler for config in self.lr_scheduler_configs]
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the job."""
+        return self.strategy.world_size
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank in the job."""
+        return self.strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node."""
+        return self.strategy.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        """This process's node index."""
+        return self.strategy.node_rank
+
+    @property
+    def is_global_zero(self) -> bool:
+        """True on the process that writes logs and checkpoints."""
+        return self.strategy.is_global_zero
+
+    @property
+    def callback_metrics(self) -> dict[str, Any]:
+        """Latest value of everything logged (tensors): what checkpointing/early stopping monitor."""
+        results = self._results
+        if results is not None and not self.sanity_checking and results.values:
+            self._callback_metrics.update(results.callback_metrics(results.epoch_done))
+        return self._callback_metrics
+
+    @property
+    def logged_metrics(self) -> dict[str, Any]:
+        """What was last sent to the loggers."""
+        return self._logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """Values logged with ``prog_bar=True`` (floats), plus ``skipped_steps`` when the scaler skipped any."""
+        results = self._results
+        if results is not None and not self.sanity_checking:
+            self._progress_bar_metrics.update(results.prog_bar_metrics())
+        if self.skipped_steps:
+            self._progress_bar_metrics["skipped_steps"] = float(self.skipped_steps)
+        return self._progress_bar_metrics
+
+    @property
+    def logger(self) -> Optional[Logger]:
+        """The first logger, or ``None``."""
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str:
+        """The first logger's folder, else ``default_root_dir``."""
+        if self.loggers and self.loggers[0].log_dir is not None:
+            return str(self.loggers[0].log_dir)
+        return str(self.default_root_dir)
+
+    @property
+    def checkpoint_callbacks(self) -> list[Callback]:
+        """Every checkpointing callback (those with a ``best_model_path``)."""
+        return [cb for cb in self.callbacks if hasattr(cb, "best_model_path")]
+
+    @property
+    def checkpoint_callback(self) -> Optional[Callback]:
+        """The first checkpointing callback, or ``None``."""
+        found = self.checkpoint_callbacks
+        return found[0] if found else None
+
+    @property
+    def lightning_module(self) -> Optional[TrainModule]:
+        """Alias of :attr:`module` for code written for Lightning."""
+        return self.module
+
+    @property
+    def model(self) -> Any:
+        """The module as the strategy runs it (possibly wrapped, e.g. by DDP)."""
+        return self.strategy.model if self.strategy.model is not None else self.module
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The training dataloader in use (after distributed sampler injection)."""
+        return self._train_dataloader
+
+    @property
+    def val_dataloaders(self) -> Any:
+        """The validation dataloader(s) in use."""
+        loaders = self._val_dataloaders
+        return loaders[0] if len(loaders) == 1 else loaders
+
+    @property
+    def num_val_batches(self) -> list[float]:
+        """Batches run per validation dataloader."""
+        return list(self._val_batch_limits)
+
+    @property
+    def estimated_stepping_batches(self) -> float:
+        """Optimizer steps the whole fit will take (for OneCycleLR-style schedulers in configure_optimizers)."""
+        per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches) if self.num_training_batches else 0
+        if self.max_epochs == -1:
+            total = float("inf")
+        else:
+            total = per_epoch * self.max_epochs
+        if self.max_steps != -1:
+            total = min(total, self.max_steps)
+        return total
+
+    @property
+    def training(self) -> bool:
+        """True while fit is running training batches (not validation)."""
+        return self.state_stage == "fit" and self._results is self._train_results
+
+    @property
+    def validating(self) -> bool:
+        """True while a validation epoch runs (also inside fit)."""
+        return self._results is not None and self._results.stage == "validate"
+
+    @property
+    def testing(self) -> bool:
+        """True during test()."""
+        return self.state_stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        """True during predict()."""
+        return self.state_stage == "predict"
+
+    def __repr__(self) -> str:
+        return f"Trainer(strategy={self.strategy!r}, max_epochs={self.max_epochs}, max_steps={self.max_steps})"
+
+
+def _print_results(stage: str, outputs: list[dict[str, float]]) -> None:
+    for idx, metrics in enumerate(outputs):
+        title = f"{stage} metrics" + (f" (dataloader {idx})" if len(outputs) > 1 else "")
+        width = max([len(k) for k in metrics] + [len(title)])
+        print(title)
+        for key, value in sorted(metrics.items()):
+            print(f"  {key:<{width}}  {value:.6g}")

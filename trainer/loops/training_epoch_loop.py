@@ -57,6 +57,7 @@ class TrainingEpochLoop:
         call_hook = trainer._call_hook
         run_step = self.optimization.run
         accumulate = trainer.accumulate_grad_batches
+        self.optimization.accumulate = accumulate  # may change between epochs (GradientAccumulationScheduler)
         log_every = trainer.log_every_n_steps
         max_steps = trainer.max_steps
         val_every = self.val_check_batch(num_batches)

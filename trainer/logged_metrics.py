@@ -267,7 +267,10 @@ class ResultCollection:
             entry.reset_epoch()
 
     def reset(self) -> None:
-        """Forget every value."""
+        """Forget every value and reset logged torchmetrics objects (a new evaluation run starts clean)."""
+        for entry in self.values.values():
+            if entry.metric is not None and hasattr(entry.metric, "reset"):
+                entry.metric.reset()
         self.values.clear()
         self.epoch_done = False
 

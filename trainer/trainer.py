@@ -391,9 +391,9 @@ class Trainer:
                                              True, mark_done)  # fmt: skip
         progress.val_pending = False
 
-    def _can_stop(self) -> bool:
-        """A stop request is honoured once min_epochs epochs (including the current one) are done."""
-        return self.min_epochs is None or self.fit_loop.progress.epoch + 1 >= self.min_epochs
+    def _can_stop(self, epochs_done: int) -> bool:
+        """A stop request is honoured once ``min_epochs`` epochs are done."""
+        return self.min_epochs is None or epochs_done >= self.min_epochs
 
     def _call_hook(self, name: str, *args: Any) -> Any:
         return self._hooks(self, name, *args)

@@ -79,7 +79,7 @@ class FitLoop:
             return True
         if trainer.max_epochs != -1 and progress.epoch >= trainer.max_epochs:
             return True
-        return trainer.should_stop and trainer._can_stop()
+        return trainer.should_stop and trainer._can_stop(progress.epoch)
 
     def run(self, epoch_loop: Any) -> None:
         """Run epochs until :attr:`done`. Assumes set-up (strategy, optimizers, restore) is complete."""

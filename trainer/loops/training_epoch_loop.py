@@ -105,7 +105,7 @@ class TrainingEpochLoop:
                 trainer._log_step_metrics()
             if progress.val_pending:
                 trainer._run_validation_in_fit()
-            if (max_steps != -1 and progress.global_step >= max_steps) or (trainer.should_stop and trainer._can_stop()):
+            if (max_steps != -1 and progress.global_step >= max_steps) or (trainer.should_stop and trainer._can_stop(progress.epoch + 1)):
                 break
             if is_last:
                 break

@@ -1,0 +1,265 @@
+"""validate/test/predict, skipped steps, manual optimisation, DataModule and the loop-shaping arguments."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from callbacks import Callback
+from helpers import Regressor, loader, quiet_trainer, regression_data
+from trainer import DataModule, TrainModule, seed_everything
+
+
+def test_validate_and_test_return_one_dict_per_dataloader():
+    trainer = quiet_trainer()
+    module = Regressor()
+    single = trainer.validate(module, loader(n=16), verbose=False)
+    assert len(single) == 1 and set(single[0]) == {"val_loss"} and isinstance(single[0]["val_loss"], float)
+
+    both = trainer.test(module, [loader(n=16, seed=1), loader(n=16, seed=2)], verbose=False)
+    assert len(both) == 2
+    assert set(both[0]) == {"test_loss/dataloader_idx_0"} and set(both[1]) == {"test_loss/dataloader_idx_1"}
+    assert both[0]["test_loss/dataloader_idx_0"] != both[1]["test_loss/dataloader_idx_1"]
+    # the value equals the loss computed by hand over the whole dataset
+    x, y = regression_data(16, seed=1).tensors
+    with torch.no_grad():
+        expected = nn.functional.mse_loss(module(x), y).item()
+    assert both[0]["test_loss/dataloader_idx_0"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_validate_prints_a_table(capsys):
+    quiet_trainer().validate(Regressor(), loader(n=16))
+    assert "val_loss" in capsys.readouterr().out
+
+
+def test_predict_returns_outputs_in_order():
+    module = Regressor()
+    x = torch.randn(20, 4)
+    outputs = quiet_trainer().predict(module, DataLoader(x, batch_size=8))
+    assert [o.shape[0] for o in outputs] == [8, 8, 4]
+    with torch.no_grad():
+        assert torch.allclose(torch.cat(outputs), module(x))
+    two = quiet_trainer().predict(module, [DataLoader(x, batch_size=10), DataLoader(x, batch_size=20)])
+    assert [len(group) for group in two] == [2, 1]
+
+
+def test_training_step_returning_none_skips_the_step_and_does_not_count():
+    class SkipsOdd(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return None if batch_idx % 2 else loss
+
+    module = SkipsOdd()
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
+    trainer.fit(module, loader(n=48, batch_size=8))
+    assert trainer.global_step == 3
+
+    class SkipsAll(Regressor):
+        def training_step(self, batch, batch_idx):
+            return None
+
+    module = SkipsAll()
+    before = copy.deepcopy(module.state_dict())
+    trainer = quiet_trainer(max_epochs=1, accumulate_grad_batches=2)
+    trainer.fit(module, loader(n=32, batch_size=8))
+    assert trainer.global_step == 0
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+class TwoOptimizers(TrainModule):
+    """Manual optimisation with two optimizers, like a GAN's generator/discriminator steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        torch.manual_seed(0)
+        self.a = nn.Linear(4, 1)
+        self.b = nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        opt_a, opt_b = self.optimizers()
+        loss_a = nn.functional.mse_loss(self.a(x), y)
+        opt_a.zero_grad()
+        self.manual_backward(loss_a)
+        opt_a.step()
+        loss_b = nn.functional.mse_loss(self.b(x), y)
+        opt_b.zero_grad()
+        self.manual_backward(loss_b)
+        self.clip_gradients(opt_b, gradient_clip_val=0.1)
+        opt_b.step()
+        self.lr_schedulers().step()
+        self.log("loss_a", loss_a)
+
+    def configure_optimizers(self):
+        opt_a = torch.optim.SGD(self.a.parameters(), lr=0.1)
+        opt_b = torch.optim.Adam(self.b.parameters(), lr=0.01)
+        return [opt_a, opt_b], [torch.optim.lr_scheduler.StepLR(opt_a, step_size=1, gamma=0.9)]
+
+
+def test_manual_optimisation_matches_a_hand_written_loop():
+    module = TwoOptimizers()
+    reference = copy.deepcopy(module)
+    data = loader(n=32, batch_size=8)
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(module, data)
+    assert trainer.global_step == 8  # every optimizer.step() counts
+
+    opt_a = torch.optim.SGD(reference.a.parameters(), lr=0.1)
+    opt_b = torch.optim.Adam(reference.b.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt_a, step_size=1, gamma=0.9)
+    for x, y in data:
+        opt_a.zero_grad()
+        nn.functional.mse_loss(reference.a(x), y).backward()
+        opt_a.step()
+        opt_b.zero_grad()
+        nn.functional.mse_loss(reference.b(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(reference.b.parameters(), 0.1)
+        opt_b.step()
+        scheduler.step()
+    for (name, p), (_, q) in zip(module.named_parameters(), reference.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+class CountingData(DataModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def prepare_data(self) -> None:
+        self.calls.append("prepare_data")
+
+    def setup(self, stage: str) -> None:
+        self.calls.append(f"setup:{stage}")
+        self.train_set = regression_data(32)
+        self.val_set = regression_data(16, seed=3)
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=8)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=8)
+
+    def test_dataloader(self):
+        return DataLoader(self.val_set, batch_size=8)
+
+    def teardown(self, stage: str) -> None:
+        self.calls.append(f"teardown:{stage}")
+
+    def state_dict(self):
+        return {"calls": len(self.calls)}
+
+
+def test_datamodule_provides_data_and_its_state_is_checkpointed(tmp_path):
+    data = CountingData()
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(Regressor(), datamodule=data)
+    assert data.calls == ["prepare_data", "setup:fit", "teardown:fit"]
+    assert trainer.global_step == 4 and "val_loss" in trainer.callback_metrics
+    trainer.save_checkpoint(tmp_path / "dm.ckpt")
+    assert torch.load(tmp_path / "dm.ckpt", weights_only=True)["datamodule"] == {"calls": 3}
+    assert "test_loss" in trainer.test(datamodule=data, verbose=False)[0]
+    # a DataModule passed positionally works like Lightning
+    quiet_trainer(max_epochs=1).fit(Regressor(), CountingData())
+
+
+class CountsValidation(Callback):
+    def __init__(self) -> None:
+        self.at: list[tuple[int, int]] = []
+
+    def on_validation_end(self, trainer, module):
+        if not trainer.sanity_checking:
+            self.at.append((trainer.current_epoch, trainer.global_step))
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        ({"val_check_interval": 0.5}, [(0, 4), (0, 8), (1, 12), (1, 16)]),
+        ({"val_check_interval": 3}, [(0, 3), (0, 6), (1, 11), (1, 14)]),
+        ({"val_check_interval": 3, "check_val_every_n_epoch": None}, [(0, 3), (0, 6), (1, 9), (1, 12), (1, 15)]),
+        ({"check_val_every_n_epoch": 2, "max_epochs": 4}, [(1, 16), (3, 32)]),
+    ],
+)
+def test_when_validation_runs(options, expected):
+    counter = CountsValidation()
+    settings = {"max_epochs": 2, "num_sanity_val_steps": 0, **options}
+    quiet_trainer(callbacks=[counter], **settings).fit(Regressor(), loader(n=64, batch_size=8), loader(n=16))
+    assert counter.at == expected
+
+
+def test_sanity_check_runs_without_changing_training():
+    def run(sanity: int) -> dict:
+        seed_everything(7)
+        module = Regressor()
+        data = DataLoader(regression_data(32), batch_size=8, shuffle=True)
+        val = DataLoader(regression_data(16), batch_size=8, shuffle=True)
+        quiet_trainer(max_epochs=2, num_sanity_val_steps=sanity).fit(module, data, val)
+        return module.state_dict()
+
+    with_check, without = run(2), run(0)
+    assert all(torch.equal(with_check[k], without[k]) for k in with_check)
+
+
+def test_fast_dev_run_runs_one_batch_of_each_and_writes_nothing(tmp_path):
+    counter = CountsValidation()
+    trainer = quiet_trainer(fast_dev_run=True, callbacks=[counter], logger=True, default_root_dir=tmp_path)
+    trainer.fit(Regressor(), loader(n=64), loader(n=64))
+    assert trainer.global_step == 1 and counter.at == [(0, 1)]
+    assert trainer.loggers == [] and list(tmp_path.iterdir()) == []
+
+
+def test_min_epochs_delays_a_stop_request():
+    class StopsAtOnce(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            trainer.should_stop = True
+
+    trainer = quiet_trainer(max_epochs=10, min_epochs=3, callbacks=[StopsAtOnce()], limit_val_batches=0)
+    trainer.fit(Regressor(), loader(n=32, batch_size=8))
+    # ignored during epochs 0 and 1 (4 steps each); honoured after the first batch of the third epoch
+    assert trainer.current_epoch == 3 and trainer.global_step == 9
+
+
+def test_seed_makes_runs_reproducible_and_deterministic_flag_applies():
+    def run() -> torch.Tensor:
+        trainer = quiet_trainer(max_epochs=1, seed=123)
+        module = Regressor()
+        trainer.fit(module, DataLoader(regression_data(32), batch_size=8, shuffle=True))
+        return module.net[0].weight.detach().clone()
+
+    assert torch.equal(run(), run())
+    previous = torch.are_deterministic_algorithms_enabled()
+    try:
+        quiet_trainer(deterministic=True)
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def test_hyperparameters_saved_and_module_rebuilt_from_checkpoint(tmp_path):
+    module = Regressor(hidden=5, lr=0.2)
+    assert module.hparams == {"features": 4, "hidden": 5, "lr": 0.2} and module.hparams.lr == 0.2
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(module, loader(n=16))
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    restored = Regressor.load_from_checkpoint(tmp_path / "m.ckpt", lr=0.5)
+    assert restored.hparams.hidden == 5 and restored.hparams.lr == 0.5
+    assert all(torch.equal(a, b) for a, b in zip(restored.parameters(), module.parameters()))
+
+
+def test_estimated_stepping_batches_is_available_in_configure_optimizers():
+    seen = []
+
+    class OneCycle(Regressor):
+        def configure_optimizers(self):
+            seen.append(self.trainer.estimated_stepping_batches)
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            total = int(self.trainer.estimated_stepping_batches)
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    quiet_trainer(max_epochs=3, accumulate_grad_batches=3).fit(OneCycle(), loader(n=80, batch_size=8))
+    assert seen == [12]  # 10 batches → 4 steps per epoch (3 + 3 + 3 + 1), 3 epochs

@@ -122,7 +122,9 @@ class Strategy:
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move a batch to this process's device and convert it for the precision."""
-        batch = move_to_device(batch, self.root_device)
+        device = self.root_device
+        if device.type != "cpu":  # batches from a DataLoader are already on the CPU
+            batch = move_to_device(batch, device)
         if self.precision.converts_input:
             batch = self.precision.convert_input(batch)
         return batch

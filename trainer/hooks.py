@@ -6,7 +6,8 @@ first, so callbacks (checkpointing, early stopping) see what the module just log
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+import functools
+from typing import Any, Callable, Iterable, Optional
 
 from callbacks.callback import CALLBACK_HOOKS, Callback
 from trainer.module import TrainModule
@@ -35,6 +36,16 @@ class HookDispatcher:
         self.module_hooks: dict[str, Callable[..., Any]] = {
             name: getattr(module, name) for name in _MODULE_HOOKS if overrides(module, TrainModule, name)
         }
+
+    def caller(self, trainer: Any, name: str) -> Optional[Callable[..., Any]]:
+        """A callable running hook ``name`` in order, or ``None`` when nobody implements it.
+
+        The per-batch loop resolves its hooks once with this, so an unimplemented hook costs one
+        ``is not None`` check per batch.
+        """
+        if name not in self.module_hooks and not self.callback_hooks.get(name):
+            return None
+        return functools.partial(self, trainer, name)
 
     def __call__(self, trainer: Any, name: str, *args: Any) -> Any:
         module_hook = self.module_hooks.get(name)

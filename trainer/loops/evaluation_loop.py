@@ -48,6 +48,8 @@ class EvaluationLoop:
         prefix = self.prefix
         several = len(loaders) > 1
         pass_idx = several and _accepts_dataloader_idx(getattr(module, self.step_name))
+        batch_start = trainer._hooks.caller(trainer, f"on_{prefix}_batch_start")
+        batch_end = trainer._hooks.caller(trainer, f"on_{prefix}_batch_end")
         was_training = module.training
         previous_results = trainer._results
         trainer._results = results
@@ -69,10 +71,12 @@ class EvaluationLoop:
                             break
                         batch = strategy.batch_to_device(batch)
                         results.set_batch(batch)
-                        call_hook(f"on_{prefix}_batch_start", batch, batch_idx, dataloader_idx)
+                        if batch_start is not None:
+                            batch_start(batch, batch_idx, dataloader_idx)
                         args = (batch, batch_idx, dataloader_idx) if pass_idx else (batch, batch_idx)
                         outputs = strategy.evaluation_step(self.step_name, *args)
-                        call_hook(f"on_{prefix}_batch_end", outputs, batch, batch_idx, dataloader_idx)
+                        if batch_end is not None:
+                            batch_end(outputs, batch, batch_idx, dataloader_idx)
                         batch_idx += 1
                 results.dataloader_idx = None
                 results.epoch_level = True

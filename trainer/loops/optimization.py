@@ -68,7 +68,11 @@ class AutomaticOptimization:
         self.strategy = trainer.strategy
         self.optimizer = optimizer
         self.accumulate = trainer.accumulate_grad_batches
-        self.call_hook = trainer._call_hook
+        hooks = trainer._hooks
+        self.before_backward = hooks.caller(trainer, "on_before_backward")
+        self.after_backward = hooks.caller(trainer, "on_after_backward")
+        self.before_optimizer_step = hooks.caller(trainer, "on_before_optimizer_step")
+        self.before_zero_grad = hooks.caller(trainer, "on_before_zero_grad")
         self.counter = StepCounter(trainer)
         module = trainer.module
         self.clip_val = trainer.gradient_clip_val
@@ -85,7 +89,8 @@ class AutomaticOptimization:
             if loss is not None:
                 if self.accumulate > 1:
                     loss = loss / self.accumulate
-                self.call_hook("on_before_backward", loss)
+                if self.before_backward is not None:
+                    self.before_backward(loss)
                 try:
                     strategy.backward(loss)
                 except RuntimeError as err:
@@ -95,7 +100,8 @@ class AutomaticOptimization:
                             "under torch.no_grad(), or no parameter took part in it."
                         ) from err
                     raise
-                self.call_hook("on_after_backward")
+                if self.after_backward is not None:
+                    self.after_backward()
                 self.window_has_loss = True
         if window_end:
             if self.window_has_loss and self.optimizer is not None:
@@ -106,13 +112,15 @@ class AutomaticOptimization:
     def step(self) -> None:
         optimizer = self.optimizer
         stepped = self.strategy.optimizer_step(optimizer, self._before_step)
-        self.call_hook("on_before_zero_grad", optimizer)
+        if self.before_zero_grad is not None:
+            self.before_zero_grad(optimizer)
         optimizer.zero_grad(set_to_none=True)
         self.counter.after_step(stepped)
 
     def _hooks_and_clipping(self) -> None:
         optimizer = self.optimizer
-        self.call_hook("on_before_optimizer_step", optimizer)
+        if self.before_optimizer_step is not None:
+            self.before_optimizer_step(optimizer)
         if self.custom_clipping:
             self.trainer.module.configure_gradient_clipping(optimizer, self.clip_val, self.clip_algorithm)
         elif self.clip_val:

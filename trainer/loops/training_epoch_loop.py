@@ -54,7 +54,8 @@ class TrainingEpochLoop:
         progress = trainer.fit_loop.progress
         strategy = trainer.strategy
         results = trainer._train_results
-        call_hook = trainer._call_hook
+        batch_start = trainer._hooks.caller(trainer, "on_train_batch_start")
+        batch_end = trainer._hooks.caller(trainer, "on_train_batch_end")
         run_step = self.optimization.run
         accumulate = trainer.accumulate_grad_batches
         self.optimization.accumulate = accumulate  # may change between epochs (GradientAccumulationScheduler)
@@ -84,7 +85,7 @@ class TrainingEpochLoop:
 
             batch = strategy.batch_to_device(batch)
             results.set_batch(batch)
-            if call_hook("on_train_batch_start", batch, batch_idx) == -1:
+            if batch_start is not None and batch_start(batch, batch_idx) == -1:
                 break
             window_end = is_last or (batch_idx + 1) % accumulate == 0
             steps_before = progress.global_step
@@ -99,7 +100,8 @@ class TrainingEpochLoop:
             if val_every:
                 counter = progress.total_batches if across_epochs else batch_idx
                 progress.val_pending = counter % val_every == 0
-            call_hook("on_train_batch_end", outputs, batch, batch_idx - 1)
+            if batch_end is not None:
+                batch_end(outputs, batch, batch_idx - 1)
 
             if stepped and progress.batches_that_stepped % log_every == 0:
                 trainer._log_step_metrics()

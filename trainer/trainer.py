@@ -440,6 +440,7 @@ class Trainer:
             params.update(dict(self.datamodule.hparams))
         for logger in self.loggers:
             logger.log_hyperparams(params)
+            logger.log_graph(model)  # a no-op unless the logger was asked to, e.g. TensorBoardLogger(log_graph=True)
 
     def _finalize_loggers(self, status: str) -> None:
         if self.is_global_zero:

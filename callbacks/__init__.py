@@ -1,4 +1,44 @@
-"""Callbacks: plug-ins the Trainer calls at fixed points of the loop."""
+"""Callbacks: plug-ins the Trainer calls at fixed points of the loop.
+
+Each callback lives in its own module, imported when its name is first used (``from callbacks import
+Timer``), so ``import trainer`` does not pay for callbacks a run does not use.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from callbacks.callback import Callback
 
-__all__ = ["Callback"]
+if TYPE_CHECKING:  # pragma: no cover
+    from callbacks.fit_report import FitReport
+    from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
+    from callbacks.lr_monitor import LearningRateMonitor
+    from callbacks.memory_monitor import MemoryMonitor
+    from callbacks.model_summary import ModelSummary
+    from callbacks.rich_progress import RichProgressBar
+    from callbacks.throughput_monitor import ThroughputMonitor
+    from callbacks.timer import Timer
+
+_LAZY = {
+    "FitReport": "callbacks.fit_report",
+    "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler",
+    "LearningRateMonitor": "callbacks.lr_monitor",
+    "MemoryMonitor": "callbacks.memory_monitor",
+    "ModelSummary": "callbacks.model_summary",
+    "RichProgressBar": "callbacks.rich_progress",
+    "ThroughputMonitor": "callbacks.throughput_monitor",
+    "Timer": "callbacks.timer",
+}
+
+__all__ = ["Callback", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | set(globals()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -118,6 +118,9 @@ class Trainer:
         self.num_training_batches: float = 0
         self._val_enabled = False
         self._hooks: Optional[HookDispatcher] = None
+        #: Functions ``iterator -> iterator`` applied to each epoch's training iterator (e.g. to time ``next()``);
+        #: applied once per epoch, so the loop pays nothing when the list is empty.
+        self.train_iterator_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self.loggers: list[Logger] = build_loggers(logger, self.default_root_dir, self.fast_dev_run)
         self.callbacks: list[Callback] = build_callbacks(
             callbacks, self.enable_checkpointing, self.enable_progress_bar, self.enable_model_summary
@@ -362,7 +365,10 @@ class Trainer:
             self._manual_optimizers = [ManualOptimizer(opt, self) for opt in self._optimizers]
 
     def _train_iterator(self, epoch: int, start_batch: int) -> Any:
-        return self._checkpoint.train_iterator(self._train_dataloader, epoch, start_batch)
+        iterator = self._checkpoint.train_iterator(self._train_dataloader, epoch, start_batch)
+        for wrap in self.train_iterator_wrappers:
+            iterator = wrap(iterator)
+        return iterator
 
     def _run_sanity_check(self) -> None:
         steps = self.num_sanity_val_steps

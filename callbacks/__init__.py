@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 from callbacks.callback import Callback
 
 if TYPE_CHECKING:  # pragma: no cover
+    from callbacks.batch_size_finder import BatchSizeFinder
     from callbacks.fit_report import FitReport
     from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
+    from callbacks.lr_finder import LearningRateFinder
     from callbacks.lr_monitor import LearningRateMonitor
     from callbacks.memory_monitor import MemoryMonitor
     from callbacks.model_summary import ModelSummary
@@ -21,8 +23,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from callbacks.timer import Timer
 
 _LAZY = {
+    "BatchSizeFinder": "callbacks.batch_size_finder",
     "FitReport": "callbacks.fit_report",
     "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler",
+    "LearningRateFinder": "callbacks.lr_finder",
     "LearningRateMonitor": "callbacks.lr_monitor",
     "MemoryMonitor": "callbacks.memory_monitor",
     "ModelSummary": "callbacks.model_summary",

@@ -370,6 +370,17 @@ class Trainer:
             iterator = wrap(iterator)
         return iterator
 
+    def reset_train_dataloader(self, loader: Any) -> None:
+        """Train on ``loader`` from now on (e.g. set in ``on_fit_start`` by a callback that changed the batch
+        size); it is split across ranks like the original and ``num_training_batches`` is recomputed."""
+        if self.module is None or self.state_stage != "fit":
+            raise RuntimeError("reset_train_dataloader() can only be called while fit() runs.")
+        data_utils.check_iterable(loader, "reset_train_dataloader(loader)")
+        self._train_dataloader = data_utils.prepare_loader(loader, self.strategy.distributed_sampler_kwargs, True,
+                                                           self.use_distributed_sampler)  # fmt: skip
+        self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
+                                                               "limit_train_batches")  # fmt: skip
+
     def _run_sanity_check(self) -> None:
         steps = self.num_sanity_val_steps
         if not self._val_enabled or steps == 0 or self.fit_loop.progress.global_step > 0:

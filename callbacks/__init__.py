@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.callback import Callback
 
-if TYPE_CHECKING:  # pragma: no cover
-    from callbacks.batch_size_finder import BatchSizeFinder
-    from callbacks.fit_report import FitReport
-    from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
-    from callbacks.lr_finder import LearningRateFinder
-    from callbacks.lr_monitor import LearningRateMonitor
-    from callbacks.memory_monitor import MemoryMonitor
-    from callbacks.model_summary import ModelSummary
-    from callbacks.rich_progress import RichProgressBar
-    from callbacks.throughput_monitor import ThroughputMonitor
-    from callbacks.timer import Timer
+if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
+    from callbacks.batch_size_finder import BatchSizeFinder  # noqa: F401
+    from callbacks.fit_report import FitReport  # noqa: F401
+    from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler  # noqa: F401
+    from callbacks.lr_finder import LearningRateFinder  # noqa: F401
+    from callbacks.lr_monitor import LearningRateMonitor  # noqa: F401
+    from callbacks.memory_monitor import MemoryMonitor  # noqa: F401
+    from callbacks.model_summary import ModelSummary  # noqa: F401
+    from callbacks.rich_progress import RichProgressBar  # noqa: F401
+    from callbacks.throughput_monitor import ThroughputMonitor  # noqa: F401
+    from callbacks.timer import Timer  # noqa: F401
 
 _LAZY = {
     "BatchSizeFinder": "callbacks.batch_size_finder",

@@ -55,16 +55,19 @@ class FitReport(Callback):
         """The report's ``(label, value)`` rows."""
         now = time.monotonic()
         rows = [("Duration", _clock(now - self._fit_start)),
-                ("Epochs / steps", f"{trainer.current_epoch} epochs, {trainer.global_step} optimizer steps")]  # fmt: skip
+                ("Epochs / steps", f"{_plural(trainer.current_epoch, 'epoch')}, "
+                                   f"{_plural(trainer.global_step, 'optimizer step')}")]  # fmt: skip
         monitor = next((cb for cb in trainer.callbacks if isinstance(cb, ThroughputMonitor)), None)
         totals = monitor.totals() if monitor is not None else {}
         if totals:
-            rows.append(("Throughput", f"{totals['samples_per_sec']:,.1f} samples/s, {totals['batches_per_sec']:,.2f} batches/s"))
+            rate = f"{totals['samples_per_sec']:,.1f} samples/s, {totals['batches_per_sec']:,.2f} batches/s"
+            rows.append(("Throughput", rate))
             rows.append(("Data wait", f"{totals['data_wait_share']:.1%} of training time"))
         else:
             train_time = (self._train_end or now) - (self._train_start or now)
             if train_time > 0:
-                rows.append(("Throughput", f"{trainer.global_step / train_time:,.2f} optimizer steps/s (incl. validation)"))
+                rate = f"{trainer.global_step / train_time:,.2f} optimizer steps/s (incl. validation)"
+                rows.append(("Throughput", rate))
             rows.append(("Data wait", "not measured (add callbacks.ThroughputMonitor())"))
         memory = []
         cuda = memory_stats.cuda_stats(trainer.strategy.root_device)
@@ -82,6 +85,10 @@ class FitReport(Callback):
         rows.append(("Best checkpoint", best))
         rows.append(("Skipped fp16 steps", str(trainer.skipped_steps)))
         return rows
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _clock(seconds: float) -> str:

@@ -54,7 +54,9 @@ class LearningRateFinder(Callback):
         smoothing: float = 0.05,
     ) -> None:
         if not 0 < min_lr < max_lr:
-            raise ConfigurationError(f"LearningRateFinder: need 0 < min_lr < max_lr; got min_lr={min_lr}, max_lr={max_lr}.")
+            raise ConfigurationError(
+                f"LearningRateFinder: need 0 < min_lr < max_lr; got min_lr={min_lr}, max_lr={max_lr}."
+            )
         if mode not in ("exponential", "linear"):
             raise ConfigurationError(f"LearningRateFinder(mode={mode!r}) must be 'exponential' or 'linear'.")
         if num_training_steps < 3:
@@ -82,8 +84,9 @@ class LearningRateFinder(Callback):
         self.run(trainer, module)
         if trainer.is_global_zero:
             self.save(trainer.log_dir)
+            unchanged = "no suggestion (the loss never fell); the learning rate is unchanged"
             print(f"LearningRateFinder: suggested learning rate {self.suggestion:.3g}" if self.suggestion
-                  else "LearningRateFinder: no suggestion (the loss never fell); the learning rate is unchanged")  # fmt: skip
+                  else f"LearningRateFinder: {unchanged}")  # fmt: skip
         if self.update_attr and self.suggestion:
             first = trainer.optimizers[0].param_groups[0]["lr"]
             scale_learning_rates(trainer, self.suggestion / first)
@@ -128,7 +131,8 @@ class LearningRateFinder(Callback):
         try:
             from matplotlib.figure import Figure  # no pyplot: no global backend or window is touched
         except ImportError:
-            warnings.warn("LearningRateFinder: install matplotlib for lr_find.png; lr_find.csv has the curve.", stacklevel=2)
+            warnings.warn("LearningRateFinder: install matplotlib for lr_find.png; lr_find.csv has the curve.",
+                          stacklevel=2)  # fmt: skip
             return
         figure = Figure(figsize=(6, 4), tight_layout=True)
         axes = figure.add_subplot()
@@ -137,7 +141,8 @@ class LearningRateFinder(Callback):
             axes.set_xscale("log")
         if self.suggestion:
             index = self.results["lr"].index(self.suggestion)
-            axes.plot([self.suggestion], [self.results["loss"][index]], "o", color="red", label=f"suggestion {self.suggestion:.3g}")
+            label = f"suggestion {self.suggestion:.3g}"
+            axes.plot([self.suggestion], [self.results["loss"][index]], "o", color="red", label=label)
             axes.legend()
         axes.set_xlabel("learning rate")
         axes.set_ylabel("loss (smoothed)")

@@ -12,8 +12,9 @@ class LearningRateMonitor(Callback):
     """Log ``lr-<Optimizer>`` (``lr-<Optimizer>/pg<i>`` with several parameter groups) to the loggers.
 
     ``logging_interval="step"`` logs, at the Trainer's logging steps (``log_every_n_steps``), the rate that
-    step used; ``"epoch"`` logs at each epoch start; ``None`` picks "step" when a scheduler steps per step, else "epoch". Optionally
-    also momentum (or Adam's ``beta1``) and weight decay. Values also appear in ``trainer.callback_metrics``.
+    step used; ``"epoch"`` logs at each epoch start; ``None`` picks "step" when a scheduler steps per
+    step, else "epoch". Optionally also momentum (or Adam's ``beta1``) and weight decay. Values also
+    appear in ``trainer.callback_metrics``.
     """
 
     def __init__(

@@ -66,6 +66,7 @@ class MemoryMonitor(Callback):
         if peak_rss is not None:
             parts.append(f"peak RSS {memory_stats.format_bytes(peak_rss * MB)}")
         if "memory/cuda_max_allocated_mb" in self.peaks:
-            parts.append(f"CUDA max allocated {memory_stats.format_bytes(self.peaks['memory/cuda_max_allocated_mb'] * MB)}")
-            parts.append(f"CUDA reserved up to {memory_stats.format_bytes(self.peaks['memory/cuda_reserved_mb'] * MB)}")
+            allocated, reserved = self.peaks["memory/cuda_max_allocated_mb"], self.peaks["memory/cuda_reserved_mb"]
+            parts.append(f"CUDA max allocated {memory_stats.format_bytes(allocated * MB)}")
+            parts.append(f"CUDA reserved up to {memory_stats.format_bytes(reserved * MB)}")
         return "Memory: " + (", ".join(parts) if parts else "not measurable on this platform")

@@ -47,6 +47,7 @@ class RichProgressBar(Callback):
         self._done = 0  # batches finished in the running bar
         self._bar = "train"
         self._resume: tuple[str, int] = ("train", 0)  # the bar a validation interrupted
+        self._before_val: dict[str, float] = {}
         self._epoch_start = 0.0
 
     # ------------------------------------------------------------------ display
@@ -70,10 +71,11 @@ class RichProgressBar(Callback):
             self.display.open(key, description, total)
             self._next = time.monotonic() + self._interval
 
-    def _show(self, trainer: Any, description: Optional[str] = None) -> None:
+    def _show(self, trainer: Any, description: Optional[str] = None, metrics: Optional[str] = None) -> None:
         self._next = time.monotonic() + self._interval
-        quiet = trainer.sanity_checking or trainer.predicting  # nothing is logged there
-        metrics = "" if quiet else format_metrics(trainer.progress_bar_metrics)
+        if metrics is None:
+            quiet = trainer.sanity_checking or trainer.predicting  # nothing is logged there
+            metrics = "" if quiet else format_metrics(trainer.progress_bar_metrics)
         self.display.show(self._bar, self._done, metrics, description)
 
     def _tick(self, trainer: Any) -> None:
@@ -119,12 +121,13 @@ class RichProgressBar(Callback):
             return
         display = self.display
         self._bar = "train"
+        metrics = format_metrics(trainer.progress_bar_metrics)
         if display.live:
-            self._show(trainer, self._epoch_name(trainer))
+            self._show(trainer, self._epoch_name(trainer), metrics)
             display.show("epochs", trainer.current_epoch + 1)
         seconds = time.monotonic() - self._epoch_start
-        line = (f"{self._epoch_name(trainer)} done  {self._done} batches in {seconds:.1f}s  step {trainer.global_step}  "
-                f"{format_metrics(trainer.progress_bar_metrics)}")  # fmt: skip
+        name, step = self._epoch_name(trainer), trainer.global_step
+        line = f"{name} done  {self._done} batches in {seconds:.1f}s  step {step}  {metrics}"
         display.message(line.rstrip())
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
@@ -139,7 +142,9 @@ class RichProgressBar(Callback):
     def on_validation_start(self, trainer: Any, module: Any) -> None:
         if not trainer.sanity_checking:
             self._resume = self._bar, self._done
-            self._open("val", "Validation", _total(sum(trainer.num_val_batches)) if trainer.state_stage == "fit" else None)
+            self._before_val = dict(trainer.progress_bar_metrics) if self._enabled else {}
+            in_fit = trainer.state_stage == "fit"  # validate() alone: the count is not exposed, the bar has no total
+            self._open("val", "Validation", _total(sum(trainer.num_val_batches)) if in_fit else None)
 
     def on_validation_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:  # fmt: skip
@@ -148,7 +153,8 @@ class RichProgressBar(Callback):
     def on_validation_end(self, trainer: Any, module: Any) -> None:
         if not self._enabled or trainer.sanity_checking:
             return
-        metrics = {k: v for k, v in trainer.progress_bar_metrics.items() if "val" in k}
+        before = self._before_val  # show what this validation produced, not the training metrics
+        metrics = {k: v for k, v in trainer.progress_bar_metrics.items() if before.get(k) != v}
         self.display.close("val", f"Validation  {self._done} batches  {format_metrics(metrics)}".rstrip())
         self._bar, self._done = self._resume
         if trainer.state_stage != "fit":

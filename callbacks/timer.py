@@ -25,7 +25,8 @@ def parse_duration(duration: Union[str, float, int, timedelta, dict, None]) -> O
         try:
             seconds = timedelta(**duration).total_seconds()
         except TypeError as err:
-            raise ConfigurationError(f"Timer(duration={duration!r}): {err}. Use keys days/hours/minutes/seconds.") from None
+            message = f"Timer(duration={duration!r}): {err}. Use keys days/hours/minutes/seconds."
+            raise ConfigurationError(message) from None
     elif isinstance(duration, str):
         match = _DHMS.match(duration.strip())
         if match is None:

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from loggers.logger import Logger
 
 if TYPE_CHECKING:  # pragma: no cover
-    from loggers.csv_logger import CSVLogger
-    from loggers.mlflow_logger import MLflowLogger
-    from loggers.tensorboard_logger import TensorBoardLogger
-    from loggers.wandb_logger import WandbLogger
+    from loggers.csv_logger import CSVLogger  # noqa: F401
+    from loggers.mlflow_logger import MLflowLogger  # noqa: F401
+    from loggers.tensorboard_logger import TensorBoardLogger  # noqa: F401
+    from loggers.wandb_logger import WandbLogger  # noqa: F401
 
 _LAZY = {
     "CSVLogger": "loggers.csv_logger",

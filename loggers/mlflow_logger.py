@@ -30,7 +30,8 @@ class MLflowLogger(Logger):
     ) -> None:
         self._experiment_name = experiment_name
         self._run_name = run_name
-        self._tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"file:{os.path.abspath('mlruns')}"
+        default_uri = f"file:{os.path.abspath('mlruns')}"
+        self._tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_uri
         self._tags = {k: str(v) for k, v in (tags or {}).items()}
         self._run_id = run_id
         self._client: Any = None
@@ -58,7 +59,7 @@ class MLflowLogger(Logger):
     @property
     def version(self) -> str:
         """The MLflow run id."""
-        self.experiment
+        self.experiment  # noqa: B018 - creating the run assigns its id
         return str(self._run_id)
 
     @property

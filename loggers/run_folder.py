@@ -55,7 +55,7 @@ class RunFolder:
         return os.path.join(self.root, version if isinstance(version, str) else f"version_{version}")
 
     def __getstate__(self) -> dict:
-        self.version  # resolve now: a spawned rank must not pick a different version
+        self.version  # noqa: B018 - resolve now: a spawned rank must not pick a different version
         return dict(self.__dict__)
 
     def create(self) -> str:

@@ -70,7 +70,8 @@ class TensorBoardLogger(FolderLogger):
 
     @rank_zero_only
     def log_graph(self, model: Any, input_array: Any = None) -> None:
-        """Trace ``model`` with ``input_array`` (default ``model.example_input_array``); only with ``log_graph=True``."""
+        """Trace ``model`` with ``input_array`` (default ``model.example_input_array``); only with
+        ``log_graph=True``."""
         if not self._log_graph:
             return
         example = input_array if input_array is not None else getattr(model, "example_input_array", None)
@@ -132,7 +133,8 @@ def _session_end(status: str) -> Any:
     info = SessionEndInfo(status=api_pb2.Status.Value(_STATUS.get(status, "STATUS_UNKNOWN")), end_time_secs=time.time())
     content = HParamsPluginData(session_end_info=info, version=metadata.PLUGIN_DATA_VERSION)
     plugin = SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=content.SerializeToString())
-    return Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=SummaryMetadata(plugin_data=plugin))])
+    tagged = Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=SummaryMetadata(plugin_data=plugin))
+    return Summary(value=[tagged])
 
 
 def _to_device(example: Any, device: Any) -> Any:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
-from ui_fixtures import blobs, loader, quiet_trainer
+from ui_fixtures import blobs, quiet_trainer
 
 from callbacks import BatchSizeFinder, Callback, LearningRateFinder
 from callbacks.lr_scaling import batch_scaling_factor
@@ -99,7 +99,8 @@ def test_batch_size_finder_needs_a_budget_on_cpu_and_says_when_nothing_fits(tmp_
         quiet_trainer(tmp_path, callbacks=[BatchSizeFinder(max_memory_mb=1e-6)]).fit(Classifier())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: catching a real out-of-memory needs one")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device here: catching a real out-of-memory needs one")  # fmt: skip
 def test_batch_size_finder_catches_cuda_out_of_memory(tmp_path):
     class Huge(Classifier):
         def __init__(self):

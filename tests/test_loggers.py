@@ -56,7 +56,8 @@ def test_tensorboard_and_csv_record_the_same_scalars_at_the_trainers_steps(tmp_p
 
 def test_tensorboard_hparams_carry_the_final_metric_names_and_status(tmp_path):
     logger = TensorBoardLogger(tmp_path)
-    quiet_trainer(tmp_path, logger=logger, log_every_n_steps=4).fit(TinyModule(lr=0.05, hidden=12), loader(), loader(16))
+    trainer = quiet_trainer(tmp_path, logger=logger, log_every_n_steps=4)
+    trainer.fit(TinyModule(lr=0.05, hidden=12), loader(), loader(16))
 
     content = read_events(logger.log_dir).PluginTagToContent("hparams")
     plugin = {tag.split("/")[-1]: HParamsPluginData.FromString(data) for tag, data in content.items()}
@@ -104,7 +105,8 @@ def test_each_run_gets_the_next_version_folder_and_logger_true_means_tensorboard
 
 def test_without_tensorboard_the_default_logger_is_csv(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else real_find_spec(name, *a))  # fmt: skip
     trainer = quiet_trainer(tmp_path, logger=True, log_every_n_steps=1)
     assert isinstance(trainer.logger, CSVLogger)
     trainer.fit(TinyModule(), loader(32, 8))
@@ -156,8 +158,10 @@ def test_loggers_on_other_ranks_write_nothing(tmp_path, monkeypatch):
 
 
 def test_import_of_loggers_does_not_load_backends():
-    code = "import sys, trainer, loggers, callbacks; print(sorted(m for m in ('tensorboard', 'rich', 'mlflow', 'wandb', 'matplotlib', 'yaml') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    heavy = ("tensorboard", "rich", "mlflow", "wandb", "matplotlib", "yaml")
+    code = f"import sys, trainer, loggers, callbacks; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "[]"
 
 

@@ -54,8 +54,8 @@ class TinyModule(TrainModule):
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
         if self.hparams.scheduler == "step":
-            return {"optimizer": optimizer,
-                    "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 2, 0.5), "interval": "step"}}
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 2, 0.5)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         return optimizer
 
 

@@ -315,11 +315,8 @@ class Trainer:
                 "fit() has no training data: pass train_dataloaders=..., a datamodule with train_dataloader(), "
                 "or implement train_dataloader() on the module."
             )
-        data_utils.check_iterable(train, "train_dataloaders")
+        self._set_train_dataloader(train, "train_dataloaders")
         sampler_kwargs = self.strategy.distributed_sampler_kwargs
-        self._train_dataloader = data_utils.prepare_loader(train, sampler_kwargs, True, self.use_distributed_sampler)
-        self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
-                                                               "limit_train_batches")  # fmt: skip
         self._val_dataloaders, self._val_batch_limits = [], []
         if overrides(model, TrainModule, "validation_step") and self.limit_val_batches != 0:
             loaders = data_utils.as_loader_list(val) or data_utils.as_loader_list(
@@ -375,7 +372,10 @@ class Trainer:
         size); it is split across ranks like the original and ``num_training_batches`` is recomputed."""
         if self.module is None or self.state_stage != "fit":
             raise RuntimeError("reset_train_dataloader() can only be called while fit() runs.")
-        data_utils.check_iterable(loader, "reset_train_dataloader(loader)")
+        self._set_train_dataloader(loader, "reset_train_dataloader(loader)")
+
+    def _set_train_dataloader(self, loader: Any, argument: str) -> None:
+        data_utils.check_iterable(loader, argument)
         self._train_dataloader = data_utils.prepare_loader(loader, self.strategy.distributed_sampler_kwargs, True,
                                                            self.use_distributed_sampler)  # fmt: skip
         self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,

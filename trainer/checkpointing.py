@@ -90,7 +90,7 @@ class CheckpointConnector:
             "epoch": progress.epoch,
             "global_step": progress.global_step,
             "state_dict": strategy.module_state_dict(),
-            "loops": {"fit": progress.state_dict()},
+            "loops": {"fit": progress.state_dict(), "should_stop": bool(trainer.should_stop)},
         }
         if module.hparams:
             checkpoint["hyper_parameters"] = dict(module.hparams)
@@ -133,12 +133,13 @@ class CheckpointConnector:
                 if last and os.path.exists(last):
                     candidates.append(last)
             for folder in folders:
-                candidates.extend(glob.glob(os.path.join(folder, "*.ckpt")))
+                candidates.extend(p for p in glob.glob(os.path.join(folder, "*.ckpt")) if os.path.exists(p))
             if not candidates:
                 raise FileNotFoundError(
                     f"ckpt_path='last' but no checkpoint exists yet; looked in: {', '.join(folders) or '(no folder)'}."
                 )
-            return Path(max(candidates, key=os.path.getmtime))
+            # Newest first; on a tie (last.ckpt is a hard link to the checkpoint it mirrors) the "last" name wins.
+            return Path(max(candidates, key=lambda p: (os.stat(p).st_mtime_ns, Path(p).name.startswith("last"))))
         path = Path(ckpt_path)
         if not path.exists():
             raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{path.resolve()}').")
@@ -169,6 +170,7 @@ class CheckpointConnector:
         """Load only the module weights (for validate/test/predict)."""
         path, checkpoint = self.load(ckpt_path)
         self._load_module_state(checkpoint, path)
+        self.trainer.ckpt_path = str(path)
         return checkpoint
 
     def restore_training(self, ckpt_path: Union[str, os.PathLike]) -> None:
@@ -194,8 +196,10 @@ class CheckpointConnector:
         for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
             config.scheduler.load_state_dict(state)
         strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+        loops = checkpoint.get("loops", {})
         progress = trainer.fit_loop.progress
-        progress.load_state_dict(checkpoint.get("loops", {}).get("fit", {}))
+        progress.load_state_dict(loops.get("fit", {}))
+        trainer.should_stop = bool(loops.get("should_stop", False))
         if progress.epoch_finished:  # saved after the epoch's work was done: continue with the next epoch
             progress.epoch += 1
             progress.batch_in_epoch = 0
@@ -208,6 +212,7 @@ class CheckpointConnector:
         if trainer.datamodule is not None and "datamodule" in checkpoint:
             trainer.datamodule.load_state_dict(checkpoint["datamodule"])
         trainer._call_hook("on_load_checkpoint", checkpoint)
+        trainer.ckpt_path = str(path)
         if "rng" in checkpoint:
             restore_rng_state(checkpoint["rng"])
 

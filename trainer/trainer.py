@@ -19,7 +19,7 @@ from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_only
 from strategies.strategy import Strategy
 from trainer import data as data_utils
-from trainer.arguments import build_callbacks, build_loggers, set_deterministic, validate_arguments
+from trainer.arguments import build_callbacks, build_loggers, checkpoints_last, set_deterministic, validate_arguments
 from trainer.checkpointing import CheckpointConnector
 from trainer.datamodule import DataModule
 from trainer.hooks import HookDispatcher, overrides
@@ -103,6 +103,7 @@ class Trainer:
         self.state_stage: Optional[str] = None
         self.fit_loop = FitLoop(self)
         self._checkpoint = CheckpointConnector(self)
+        self.ckpt_path: Optional[str] = None  # the checkpoint the last fit/validate/test restored
         self._optimizers: list[torch.optim.Optimizer] = []
         self._manual_optimizers: list[ManualOptimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
@@ -301,7 +302,7 @@ class Trainer:
         extra = [extra] if isinstance(extra, Callback) else list(extra or [])
         if extra:
             replaced = {type(cb) for cb in extra}
-            self.callbacks = [cb for cb in self.callbacks if type(cb) not in replaced] + extra
+            self.callbacks = checkpoints_last([cb for cb in self.callbacks if type(cb) not in replaced] + extra)
         return self.callbacks
 
     def _setup_fit_data(self, model: TrainModule, train: Any, val: Any, datamodule: Optional[DataModule]) -> None:

@@ -79,7 +79,8 @@ class FitLoop:
             return True
         if trainer.max_epochs != -1 and progress.epoch >= trainer.max_epochs:
             return True
-        return trainer.should_stop and trainer._can_stop()
+        # Between epochs ``progress.epoch`` counts the finished ones (inside an epoch _can_stop counts it too).
+        return trainer.should_stop and (trainer.min_epochs is None or progress.epoch >= trainer.min_epochs)
 
     def run(self, epoch_loop: Any) -> None:
         """Run epochs until :attr:`done`. Assumes set-up (strategy, optimizers, restore) is complete."""

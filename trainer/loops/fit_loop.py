@@ -11,6 +11,7 @@
     on_fit_start                                 # callbacks → module
     [sanity check]                               # on_sanity_check_start, validation loop, on_sanity_check_end
     on_train_start
+    [restored fit: the saved RNG is put back]
     for epoch in epochs:
         on_train_epoch_start
         for batch_idx, batch in train data:      # batch_idx counts micro-batches
@@ -87,6 +88,7 @@ class FitLoop:
         trainer = self.trainer
         progress = self.progress
         trainer._call_hook("on_train_start")
+        trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
         while not self.done:
             loader = trainer._train_dataloader
             num_batches = trainer.num_training_batches

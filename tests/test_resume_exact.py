@@ -64,6 +64,31 @@ def test_killed_fit_resumes_bitwise_equal(reference: Path, tmp_path: Path, kill:
     assert_same_weights(reference, tmp_path / "weights.pt")
 
 
+def test_sigterm_saves_exits_cleanly_and_resumes_equal(reference: Path, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    out = tmp_path / "weights.pt"
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), str(out), "--sleep", "0.05",
+                             "--ready-after", "12", "--ready-file", str(ready)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert not out.exists(), "the process went on after the signal instead of exiting"
+    saved = torch.load(tmp_path / "checkpoints" / "interrupted.ckpt", weights_only=True)
+    assert 4 <= saved["global_step"] < 10  # it stopped soon after the signal, at an optimizer-step boundary
+    assert saved["loops"]["fit"]["total_batches"] % 3 in (0, 1)  # windows of 3 micro-batches (10 per epoch)
+    run_here(tmp_path, out, "--resume")
+    assert_same_weights(reference, out)
+
+
 SLOW_SAVE = r"""
 import os, sys, torch
 sys.path.insert(0, sys.argv[2])

@@ -85,6 +85,7 @@ class CheckpointConnector:
     def __init__(self, trainer: "Trainer") -> None:
         self.trainer = trainer
         self.data_position = TrainDataPosition()
+        self.last_saved_path: Optional[str] = None  # the newest full checkpoint this Trainer wrote or resumed from
         self._resume: Optional[dict[str, Any]] = None
 
     # ------------------------------------------------------------------ saving
@@ -118,11 +119,24 @@ class CheckpointConnector:
         return checkpoint
 
     def save(self, path: Union[str, os.PathLike], weights_only: bool = False) -> None:
-        """Build and write a checkpoint; every rank builds (collectives), global rank 0 writes."""
-        strategy = self.trainer.strategy
+        """Build and write a checkpoint; every rank builds (collectives), global rank 0 writes.
+
+        During a fit, a non-finite loss recorded since the last check stops the fit here instead of saving it.
+        """
+        trainer = self.trainer
+        strategy = trainer.strategy
+        trainer._faults.before_save()
         checkpoint = self.dump(weights_only)
         strategy.save_checkpoint(checkpoint, path)
         strategy.barrier("save_checkpoint")
+        if not weights_only:
+            self.last_saved_path = str(path)
+
+    def save_interrupted(self) -> str:
+        """Save ``interrupted.ckpt`` in the first checkpoint folder (what a stop signal leaves); returns its path."""
+        path = self.trainer.strategy.broadcast(os.path.join(self.checkpoint_folders()[0], "interrupted.ckpt"))
+        self.save(path)
+        return path
 
     def _accumulated_grads(self) -> dict[str, Any]:
         """Gradients of an unfinished accumulation window (per rank: they are not all-reduced yet)."""
@@ -244,7 +258,7 @@ class CheckpointConnector:
             trainer.datamodule.load_state_dict(checkpoint["datamodule"])
         self._restore_accumulated_grads(checkpoint.get("accumulated_grads"), path)
         trainer._call_hook("on_load_checkpoint", checkpoint)
-        trainer.ckpt_path = str(path)
+        trainer.ckpt_path = self.last_saved_path = str(path)
         self._resume = {"rng": checkpoint.get("rng"), "train_sampler": checkpoint.get("train_sampler")}
 
     def _restore_accumulated_grads(self, saved: Optional[dict[str, Any]], path: Any) -> None:

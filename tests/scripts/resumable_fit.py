@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         callbacks.append(Ready(args.ready_after, args.ready_file))
     trainer = Trainer(
         max_epochs=3, accumulate_grad_batches=3, val_check_interval=4, default_root_dir=args.root, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, stop_signals=("SIGTERM",),
     )
     trainer.fit(module, train, val, ckpt_path="last" if args.resume else None)
     torch.save(module.state_dict(), args.out)

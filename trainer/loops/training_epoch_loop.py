@@ -54,6 +54,7 @@ class TrainingEpochLoop:
         progress = trainer.fit_loop.progress
         strategy = trainer.strategy
         results = trainer._train_results
+        faults = trainer._faults
         call_hook = trainer._call_hook
         run_step = self.optimization.run
         accumulate = trainer.accumulate_grad_batches
@@ -103,6 +104,8 @@ class TrainingEpochLoop:
 
             if stepped and progress.batches_that_stepped % log_every == 0:
                 trainer._log_step_metrics()
+            if stepped and progress.global_step >= faults.due_step:
+                faults.check()  # before validation: a checkpoint saved here resumes with validation pending
             if progress.val_pending:
                 trainer._run_validation_in_fit()
             if (max_steps != -1 and progress.global_step >= max_steps) or (trainer.should_stop and trainer._can_stop()):

@@ -92,6 +92,15 @@ def test_resumed_epoch_loads_exactly_the_remaining_samples(tmp_path: Path, kind:
     assert same_weights(reference, resumed)
 
 
+def test_resuming_mid_epoch_with_a_different_data_split_warns(tmp_path: Path) -> None:
+    def split(replicas: int):
+        return lambda: DataLoader(Recorded(), batch_size=2, sampler=DistributedSampler(Recorded(), replicas, 0))
+
+    run(tmp_path, split(2), crash_after=2)
+    with pytest.warns(UserWarning, match="data split 2 ways, now 4"):
+        run(tmp_path, split(4), resume=True)
+
+
 def test_worker_processes_resume_exactly(tmp_path: Path) -> None:
     # Workers fetch indices ahead and a persistent iterator is reused across epochs; the order must still match.
     make_loader = lambda: DataLoader(Recorded(), batch_size=4, shuffle=True, num_workers=2,  # noqa: E731

@@ -36,6 +36,16 @@ def set_sampler_epoch(loader: Any, epoch: int) -> None:
             obj.set_epoch(epoch)
 
 
+def _replicas(loader: Any) -> int:
+    """How many processes share the loader's data (a DistributedSampler's ``num_replicas``), else 1."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for obj in (getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
+        replicas = getattr(obj, "num_replicas", None)
+        if isinstance(replicas, int):
+            return replicas
+    return 1
+
+
 def _generators(loader: Any) -> list[torch.Generator]:
     found: dict[int, torch.Generator] = {}
     batch_sampler = getattr(loader, "batch_sampler", None)
@@ -144,6 +154,7 @@ class TrainDataPosition:
 
     def __init__(self) -> None:
         self.epoch = 0
+        self.replicas = 1
         self._loader: Any = None
         self._sampler: Optional[_IndexSampler] = None
         self._replay_state: Optional[dict[str, Any]] = None
@@ -153,11 +164,17 @@ class TrainDataPosition:
         """This epoch's iterator over ``loader``, after ``skip`` batches when resuming from ``saved``."""
         set_sampler_epoch(loader, epoch)
         self.epoch = epoch
+        self.replicas = _replicas(loader)
         start = saved.get("start") if saved is not None and saved.get("epoch") == epoch else None
         if skip and saved is not None and start is None:
             rank_zero_warn(
                 "The checkpoint does not record the training sampler's state for this epoch; the resumed epoch "
                 "continues at the same batch position, but a shuffled order may differ from the interrupted run."
+            )
+        if skip and saved is not None and saved.get("replicas", self.replicas) != self.replicas:
+            rank_zero_warn(
+                f"The checkpoint was saved mid-epoch with the data split {saved.get('replicas')} ways, now "
+                f"{self.replicas}: until this epoch ends, some samples may be seen twice and others not at all."
             )
         attribute = _index_attribute(loader)
         if attribute is None:
@@ -197,7 +214,7 @@ class TrainDataPosition:
         return iterator
 
     def state_dict(self) -> dict[str, Any]:
-        """The epoch and the random state its order was drawn from (plain values and tensors)."""
+        """The epoch, the random state its order was drawn from and the data split (plain values and tensors)."""
         sampler = self._sampler
         start = sampler.start_state if sampler is not None else self._replay_state
-        return {"epoch": self.epoch, "start": start}
+        return {"epoch": self.epoch, "start": start, "replicas": self.replicas}

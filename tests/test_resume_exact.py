@@ -89,6 +89,29 @@ def test_sigterm_saves_exits_cleanly_and_resumes_equal(reference: Path, tmp_path
     assert_same_weights(reference, out)
 
 
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    script = SCRIPT.parent / "two_rank_signal.py"
+    ready = tmp_path / "ready"
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(tmp_path / "init"), str(tmp_path),
+                               str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not ready.exists():
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, [p.communicate() for p in procs]
+            time.sleep(0.01)
+        procs[1].send_signal(signal.SIGTERM)  # only rank 1 is told
+        outputs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+    steps = {out.strip() for out, _ in outputs}
+    saved = torch.load(tmp_path / "checkpoints" / "interrupted.ckpt", weights_only=True)["global_step"]
+    assert steps == {f"rank 0 stopped at step {saved}", f"rank 1 stopped at step {saved}"}
+    assert saved < 1000  # long before the 2000 batches were done
+
+
 SLOW_SAVE = r"""
 import os, sys, torch
 sys.path.insert(0, sys.argv[2])

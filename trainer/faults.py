@@ -53,6 +53,7 @@ class FaultMonitor:
         self.due_step = _NEVER
         self.status = "success"
         self._active = False
+        self._periodic = False  # whether checks run on a schedule (buffer to read, or ranks to agree with)
         self._last_time = 0.0
         self._last_step = 0
 
@@ -69,7 +70,8 @@ class FaultMonitor:
             self.guard.zero_loss = _zero_loss(trainer.module) if distributed else None
         self._last_time = time.monotonic()
         self._last_step = trainer.fit_loop.progress.global_step
-        self.due_step = self._last_step + 1 if distributed or self.guard is not None else _NEVER
+        self._periodic = self.guard is not None or (distributed and bool(self.signals.actions))
+        self.due_step = self._last_step + 1 if self._periodic else _NEVER
         self.signals.install()
         try:
             yield
@@ -97,7 +99,7 @@ class FaultMonitor:
         interval = self._interval(step)
         if trainer.world_size > 1:
             signum, interval, bad = self._agree(signum, interval, bad)
-        self.due_step = step + interval if trainer.world_size > 1 or self.guard is not None else _NEVER
+        self.due_step = step + interval if self._periodic else _NEVER
         if bad is not None:
             raise NonFiniteLossError(self._message(bad))
         if signum:

@@ -91,7 +91,10 @@ class SignalConnector:
             rank_zero_warn("fit() runs outside the main thread: stop signals are not handled during this fit.")
             return
         for signum in self.actions:
-            self._previous[signum] = signal.getsignal(signum)
+            previous = signal.getsignal(signum)
+            if signum == signal.SIGINT and previous == signal.SIG_IGN:
+                continue  # started in the background with Ctrl-C ignored, as Python itself respects
+            self._previous[signum] = previous
             signal.signal(signum, self._handle)
 
     def uninstall(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer
 
 FORMAT_VERSION = 1
+_VERSION_FOLDER = re.compile(r"version_\d+")
 
 
 def check_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], path: Any, strict: bool = True) -> None:
@@ -171,6 +173,11 @@ class CheckpointConnector:
                     candidates.append(last)
             for folder in folders:
                 candidates.extend(p for p in glob.glob(os.path.join(folder, "*.ckpt")) if os.path.exists(p))
+            if not candidates:  # a restarted script logs to a new version_N: look in the earlier versions too
+                earlier = self.earlier_run_folders()
+                folders = folders + [f for f in earlier if f not in folders]
+                for folder in earlier:
+                    candidates.extend(p for p in glob.glob(os.path.join(folder, "*.ckpt")) if os.path.exists(p))
             if not candidates:
                 raise FileNotFoundError(
                     f"ckpt_path='last' but no checkpoint exists yet; looked in: {', '.join(folders) or '(no folder)'}."
@@ -181,6 +188,14 @@ class CheckpointConnector:
         if not path.exists():
             raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{path.resolve()}').")
         return path
+
+    def earlier_run_folders(self) -> list[str]:
+        """``checkpoints`` folders of the other ``version_N`` runs of this experiment (same logger folder)."""
+        logger = self.trainer.logger
+        log_dir = getattr(logger, "log_dir", None) if logger is not None else None
+        if not log_dir or not _VERSION_FOLDER.fullmatch(Path(log_dir).name):
+            return []
+        return sorted(str(p) for p in Path(log_dir).parent.glob("version_*/checkpoints") if p.is_dir())
 
     def checkpoint_folders(self) -> list[str]:
         """Where this run's checkpoints live: each ModelCheckpoint's dirpath, else ``<log_dir>/checkpoints``."""

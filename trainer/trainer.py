@@ -22,6 +22,7 @@ from trainer import data as data_utils
 from trainer.arguments import build_callbacks, build_loggers, set_deterministic, validate_arguments
 from trainer.checkpointing import CheckpointConnector
 from trainer.datamodule import DataModule
+from trainer.distributed_data import balance_training_batches
 from trainer.hooks import HookDispatcher, overrides
 from trainer.logged_metrics import ResultCollection
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
@@ -31,6 +32,7 @@ from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module import TrainModule
 from trainer.optimizers import SchedulerConfig, parse_optimizers
 from trainer.seed import isolated_rng, seed_everything
+from trainer.spawned import run_spawned
 
 
 class Trainer:
@@ -187,9 +189,11 @@ class Trainer:
     # ------------------------------------------------------------------ stage implementations
     def _launch(self, fn: Any, *args: Any) -> Any:
         launcher = self.strategy.launcher
-        if launcher is not None:
+        if launcher is None:
+            return fn(*args)
+        if launcher.runs_in_caller:
             return launcher.launch(fn, *args)
-        return fn(*args)
+        return run_spawned(self, launcher, fn, *args)
 
     def _fit_impl(self, model: TrainModule, train_dataloaders: Any, val_dataloaders: Any,
                   datamodule: Optional[DataModule], ckpt_path: Any) -> None:  # fmt: skip
@@ -260,6 +264,7 @@ class Trainer:
             self.datamodule = datamodule
             datamodule.trainer = self
         self._hooks = HookDispatcher(self._callbacks_with(model), model)
+        finished = False
         try:
             if datamodule is not None:
                 if self.local_rank == 0:
@@ -268,6 +273,7 @@ class Trainer:
                 datamodule.setup(stage)
             self._call_hook("setup", stage)
             yield
+            finished = True
         except BaseException as exc:
             for hook in self._hooks.callback_hooks["on_exception"]:
                 hook(self, model, exc)
@@ -279,6 +285,8 @@ class Trainer:
                 datamodule.teardown(stage)
             self._results = None
             self.state_stage = None
+            if finished:  # after a failure a peer may be gone: leave the process group to the launcher
+                self.strategy.teardown()
 
     # ------------------------------------------------------------------ set-up helpers
     def _check_module(self, model: Any, stage: str) -> None:
@@ -317,6 +325,8 @@ class Trainer:
         self._train_dataloader = data_utils.prepare_loader(train, sampler_kwargs, True, self.use_distributed_sampler)
         self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
                                                                "limit_train_batches")  # fmt: skip
+        if self.strategy.world_size > 1:
+            self.num_training_batches = balance_training_batches(self.strategy.reduce, self.num_training_batches)
         self._val_dataloaders, self._val_batch_limits = [], []
         if overrides(model, TrainModule, "validation_step") and self.limit_val_batches != 0:
             loaders = data_utils.as_loader_list(val) or data_utils.as_loader_list(

@@ -120,10 +120,9 @@ def balance_training_batches(reduce: Any, num_batches: float) -> float:
                 "waiting until the process-group timeout."
             )
         return num_batches
-    finite = low if not math.isinf(low) else None
     rank_zero_warn(
         f"The ranks have different numbers of training batches per epoch (from {low:g} to {high:g}); every rank "
-        f"runs {finite if finite is not None else 'its own'} so that none waits for the others forever. Use the "
-        "distributed sampler (use_distributed_sampler=True) or give every rank an equal share."
+        f"runs {low:g} so that none waits for the others forever. Use the distributed sampler "
+        "(use_distributed_sampler=True) or give every rank an equal share."
     )
-    return min(num_batches, finite) if finite is not None else num_batches
+    return min(num_batches, int(low))

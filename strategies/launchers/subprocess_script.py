@@ -15,10 +15,14 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from torch.distributed import DistError
+
 from strategies.environments.local import LocalEnvironment
 from strategies.errors import ConfigurationError, RankFailedError
 
 POLL_INTERVAL_S = 0.2
+#: How long a rank whose collective lost its peer waits to learn which rank exited.
+PEER_EXIT_WAIT_S = 2.0
 #: After another rank failed, this process gets this long to stop by itself (it normally does at its next
 #: collective, within a second on gloo) before it is ended so no rank waits for the process-group timeout.
 HARD_EXIT_AFTER_S = 15.0
@@ -54,6 +58,14 @@ def script_command() -> list[str]:
             "training in a script and run it in a subprocess, or use strategy='ddp_spawn'."
         )
     return [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+
+
+def _lost_a_peer(exc: BaseException) -> bool:
+    """True for the error a collective raises when another rank's process went away."""
+    if isinstance(exc, DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("peer" in text or "connection" in text)
 
 
 def _say(message: str) -> None:
@@ -151,10 +163,10 @@ class SubprocessScriptLauncher:
         watcher = self._watcher
         if watcher is None:
             return
-        if watcher.failure is None and isinstance(exc, RuntimeError):
-            # A collective that lost its peer fails here about when the peer exits: give the watcher a moment
-            # to see that exit, so the report names the rank that failed first.
-            watcher.failed.wait(2.0)
+        if watcher.failure is None and _lost_a_peer(exc):
+            # The collective failed about when the peer exited: give the watcher a moment to see that exit,
+            # so the report names the rank that failed first.
+            watcher.failed.wait(PEER_EXIT_WAIT_S)
         failure = watcher.failure
         watcher.stopping = True
         terminate(self.children)

@@ -177,3 +177,12 @@ def test_dp_averages_the_per_gpu_losses_it_gathers():
     single = torch.tensor(5.0)
     assert average_replicas(single, 1) is single
     assert DataParallelStrategy.strategy_name == "dp"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL DDP and DataParallel); none here")
+def test_cuda_devices_get_nccl_and_one_gpu_per_rank():
+    ddp = build_strategy("gpu", 2, 1, "ddp")
+    assert ddp.process_group_backend_name == "nccl"
+    assert ddp.parallel_devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    dp = build_strategy("gpu", 2, 1, "dp")
+    assert isinstance(dp, DataParallelStrategy) and dp.root_device == torch.device("cuda", 0)

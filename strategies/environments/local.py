@@ -42,6 +42,11 @@ class LocalEnvironment(ClusterEnvironment):
         """True once the processes exist (this one was started by a launch, or already launched the others)."""
         return "LOCAL_RANK" in os.environ
 
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in the job, as configured by ``num_nodes``."""
+        return self._num_nodes
+
     def world_size(self) -> int:
         return env_int("WORLD_SIZE", self._num_devices * self._num_nodes)
 

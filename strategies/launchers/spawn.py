@@ -22,7 +22,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from strategies.environments.local import LocalEnvironment
+from strategies.environments.local import LocalEnvironment, find_free_port
 from strategies.errors import ConfigurationError, RankFailedError
 
 #: After one rank fails, the others get this long to stop by themselves before SIGTERM (then SIGKILL).
@@ -93,9 +93,7 @@ class SpawnLauncher:
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on every local rank; return global rank 0's result (``None`` on other nodes)."""
         variables = self.environment.launch_variables(0)
-        if "MASTER_PORT" not in os.environ and self.environment._num_nodes == 1:
-            from strategies.environments.local import find_free_port
-
+        if "MASTER_PORT" not in os.environ and self.environment.num_nodes == 1:
             variables["MASTER_PORT"] = str(find_free_port())  # a fresh port for every stage
         folder = tempfile.mkdtemp(prefix="trainer-spawn-")
         try:

@@ -45,8 +45,11 @@ def _unshare_modules(value: Any) -> None:
             _unshare_modules(item)
 
 
-def _run_rank(local_rank: int, fn: Callable[..., Any], args: tuple, variables: dict[str, str], folder: str) -> None:
+def _run_rank(
+    local_rank: int, fn: Callable[..., Any], args: tuple, variables: dict[str, str], folder: str, threads: int
+) -> None:
     """Entry point of one spawned process: become ``local_rank``, run ``fn``, write rank 0's result."""
+    torch.set_num_threads(threads)  # what the caller chose (a re-run script would have set it itself)
     _unshare_modules(args)
     os.environ.update(variables)
     os.environ["LOCAL_RANK"] = str(local_rank)
@@ -99,7 +102,7 @@ class SpawnLauncher:
         try:
             try:
                 context = mp.start_processes(
-                    _run_rank, args=(fn, args, variables, folder), nprocs=self.num_processes,
+                    _run_rank, args=(fn, args, variables, folder, torch.get_num_threads()), nprocs=self.num_processes,
                     join=False, start_method=self.start_method,
                 )  # fmt: skip
             except (TypeError, AttributeError, ValueError) as err:  # pickling the stage failed

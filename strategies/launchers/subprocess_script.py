@@ -133,6 +133,7 @@ class SubprocessScriptLauncher:
         self.command: list[str] = []
         self.children: list[tuple[int, subprocess.Popen]] = []
         self._watcher: Optional[_ChildWatcher] = None
+        self._stopped_after_own_failure = False  # then the other ranks' exit codes are this process's doing
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Start the other ranks once (on the first stage), then run ``fn(*args)`` here as local rank 0."""
@@ -169,6 +170,7 @@ class SubprocessScriptLauncher:
             watcher.failed.wait(PEER_EXIT_WAIT_S)
         failure = watcher.failure
         watcher.stopping = True
+        self._stopped_after_own_failure = True
         terminate(self.children)
         if failure is not None and not isinstance(exc, KeyboardInterrupt):
             raise self._peer_error(failure) from None
@@ -183,7 +185,13 @@ class SubprocessScriptLauncher:
     def _wait_for_children(self) -> None:
         """At exit: let the other ranks finish the script, and make the exit code say if one failed."""
         watcher = self._watcher
-        stopped_them = watcher is not None and watcher.stopping  # after this process's own failure
+        if watcher is not None:
+            watcher.stopping = True  # from here on, exits are this function's business
+        if hasattr(sys, "last_value"):
+            # This process ends with an uncaught error (its traceback is printed and the exit code says so):
+            # the other ranks may be waiting in a collective for it, so stop them instead of waiting.
+            terminate(self.children)
+            return
         deadline = time.monotonic() + CHILD_EXIT_TIMEOUT_S
         for rank, proc in self.children:
             try:
@@ -191,12 +199,9 @@ class SubprocessScriptLauncher:
             except subprocess.TimeoutExpired:
                 _say(f"rank {rank} is still running {CHILD_EXIT_TIMEOUT_S:.0f} s after rank 0 finished; stopping it.")
                 terminate([(rank, proc)])
-        if watcher is not None:
-            watcher.stopping = True
-        if stopped_them or hasattr(sys, "last_value"):  # the exit code already says this process failed
-            return
-        failed = [(rank, proc.returncode) for rank, proc in self.children if proc.returncode != 0]
-        if failed:
+        failed = [(rank, proc.returncode) for rank, proc in self.children if proc.returncode not in (0, None)]
+        stopped_here = watcher is not None and watcher.failure is None and self._stopped_after_own_failure
+        if failed and not stopped_here:
             if watcher is None or watcher.failure is None:
                 _say(f"rank {failed[0][0]} exited with code {failed[0][1]}.")
             sys.stdout.flush()

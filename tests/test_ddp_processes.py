@@ -98,10 +98,10 @@ def define_jobs(tmp: Path) -> dict[str, Job]:
     jobs: dict[str, Job] = {}
     out = folder("plain")
     jobs["plain"] = Job(out, [(script(out, "--devices", "2", "--validate", "--more-fits"), clean_env())])
-    for rank in (1, 0):
-        out = folder(f"fail{rank}")
-        jobs[f"fail{rank}"] = Job(out, [(script(out, "--devices", "2", "--fail-rank", str(rank), "--fail-batch", "3"),
-                                         clean_env())], watch_for=f"boom from rank {rank}")  # fmt: skip
+    for name, rank, extra in (("fail1", 1, ()), ("fail0", 0, ()), ("fail0_later", 0, ("--fail-later",))):
+        out = folder(name)
+        args = ("--devices", "2", "--fail-rank", str(rank), "--fail-batch", "3", *extra)
+        jobs[name] = Job(out, [(script(out, *args), clean_env())], watch_for=f"boom from rank {rank}")
     out = folder("torchrun")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     jobs["torchrun"] = Job(out, [([*torchrun, *script(out, "--devices", "auto", "--ddp-options")[1:]], clean_env())])
@@ -226,9 +226,13 @@ def test_ddp_spawn_hands_rank_zero_state_back_to_the_caller(jobs):
 
 
 # ---------------------------------------------------------------------------------------------- failures
-@pytest.mark.parametrize("failing_rank", [1, 0], ids=["launched-rank-fails", "launching-rank-fails"])
-def test_a_failing_rank_stops_the_job_quickly_with_its_traceback_once(jobs, failing_rank):
-    job = jobs[f"fail{failing_rank}"]
+@pytest.mark.parametrize(
+    "name, failing_rank",
+    [("fail1", 1), ("fail0", 0), ("fail0_later", 0)],
+    ids=["launched-rank-fails", "launching-rank-fails", "launching-rank-fails-in-a-later-trainer"],
+)
+def test_a_failing_rank_stops_the_job_quickly_with_its_traceback_once(jobs, name, failing_rank):
+    job = jobs[name]
     assert job.codes[0] != 0
     assert job.seconds_after_line is not None, job.output[-6000:]
     assert job.seconds_after_line < 30, job.output[-6000:]

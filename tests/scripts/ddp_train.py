@@ -122,9 +122,10 @@ def make_trainer(args: argparse.Namespace, strategy, **overrides) -> Trainer:
     return Trainer(**settings)
 
 
-def fit(args: argparse.Namespace, shuffle: bool, strategy=None, val: bool = False, **trainer_overrides):
+def fit(args: argparse.Namespace, shuffle: bool, strategy=None, val: bool = False, fail: bool = True,
+        **trainer_overrides):  # fmt: skip
     torch.manual_seed(0)
-    model = Net(args.fail_rank, args.fail_batch)
+    model = Net(args.fail_rank, args.fail_batch) if fail else Net()
     trainer = make_trainer(args, strategy or args.strategy, **trainer_overrides)
     train = DataLoader(Indexed(N_TRAIN, seed=1), batch_size=BATCH, shuffle=shuffle)
     trainer.fit(model, train, DataLoader(Indexed(N_VAL, seed=2), batch_size=2) if val else None)
@@ -150,6 +151,7 @@ def main() -> None:
     parser.add_argument("--shuffle", action="store_true", help="the first fit shuffles")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-batch", type=int, default=-1)
+    parser.add_argument("--fail-later", action="store_true", help="fail in a second Trainer's fit, not the first")
     parser.add_argument("--validate", action="store_true", help="also run validate() on 7 samples")
     parser.add_argument("--fit-val", action="store_true", help="validate on 7 samples inside fit")
     parser.add_argument("--more-fits", action="store_true", help="then a shuffled fit and an uneven-data fit")
@@ -164,7 +166,7 @@ def main() -> None:
 
         strategy = DDPStrategy(find_unused_parameters=True, gradient_as_bucket_view=True, timeout=60)
     probe = WrapperProbe()
-    trainer, model = fit(args, args.shuffle, strategy, val=args.fit_val, callbacks=[probe])
+    trainer, model = fit(args, args.shuffle, strategy, val=args.fit_val, fail=not args.fail_later, callbacks=[probe])
     report = {
         "world_size": trainer.world_size,
         "global_rank": trainer.global_rank,
@@ -178,6 +180,8 @@ def main() -> None:
         "sampler": type(getattr(trainer.train_dataloader, "sampler", None)).__name__,  # None in a ddp_spawn caller
         "wrapper": probe.seen,
     }
+    if args.fail_later:  # a later Trainer joins the running job (no launcher of its own), then a rank fails
+        fit(args, shuffle=False, fail=True)
     if args.fit_val:
         report["val_loss_in_fit"] = float(trainer.callback_metrics["val_loss"])
     if args.validate:

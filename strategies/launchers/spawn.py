@@ -58,7 +58,7 @@ def _run_rank(
         result = fn(*args)
     except BaseException:
         # Timestamped, so the caller reports the rank that failed first, not one that lost its peer after.
-        Path(folder, f"failed-{local_rank}.txt").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+        Path(folder, f"failed-{os.environ['RANK']}.txt").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
         sys.stderr.flush()
         os._exit(1)
     if os.environ["RANK"] == "0":

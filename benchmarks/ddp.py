@@ -2,6 +2,7 @@
 
     python benchmarks/ddp.py                 # starts 2 ranks with torchrun and prints the ratio
     python benchmarks/ddp.py --rounds 7      # more alternating rounds for a steadier median
+    python benchmarks/ddp.py --model tiny --steps 200   # compute ~0: the Trainer's own cost per step
 
 Model 512-1024-1024-10 MLP, batch 256 per rank, SGD. Both sides run in the same two processes, in
 alternating rounds (so machine load hits both alike); each round times steps ``--warmup``..``--steps``
@@ -28,9 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 BATCH = 256
 
 
+WIDTHS = {"medium": (512, 1024, 1024, 10), "tiny": (512, 8, 8, 10)}
+WIDTH = WIDTHS["medium"]
+
+
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    a, b, c, d = WIDTH
+    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c), nn.ReLU(), nn.Linear(c, d))
 
 
 def make_data(steps: int, world: int) -> TensorDataset:
@@ -92,6 +98,8 @@ def with_trainer(data: TensorDataset, steps: int, warmup: int) -> float:
 
 
 def worker(args: argparse.Namespace) -> None:
+    global WIDTH
+    WIDTH = WIDTHS[args.model]
     torch.set_num_threads(1)
     dist.init_process_group("gloo")  # the Trainer joins this group instead of creating one
     world = dist.get_world_size()
@@ -112,6 +120,7 @@ def worker(args: argparse.Namespace) -> None:
         print(f"Trainer ddp      : {t * 1e3:8.2f} ms/step  (rounds: {', '.join(f'{v * 1e3:.1f}' for v in framework)})")
         print(f"ratio Trainer / hand-written: {paired:.3f}x median of per-round ratios, {t / h:.3f}x of medians "
               "(target <= 1.02x)")
+        print(f"difference: {(t - h) * 1e6:+.0f} us/step")
     dist.destroy_process_group()
 
 
@@ -120,12 +129,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=25, help="steps per round and side")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps at the start of each round")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--model", choices=sorted(WIDTHS), default="medium",
+                        help="'tiny' makes compute negligible, so the difference is the Trainer's own per-step cost")
     args = parser.parse_args()
     if "TORCHELASTIC_RUN_ID" in os.environ:
         worker(args)
         return
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--rounds", str(args.rounds)]  # fmt: skip
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--rounds", str(args.rounds),
+               "--model", args.model]  # fmt: skip
     raise SystemExit(subprocess.call(command, env={**os.environ, "OMP_NUM_THREADS": "1"}))
 
 

@@ -2,10 +2,10 @@
 
     python benchmarks/ddp.py                 # starts 2 ranks with torchrun and prints the ratio
     python benchmarks/ddp.py --rounds 7      # more alternating rounds for a steadier median
-    python benchmarks/ddp.py --model tiny --steps 200   # compute ~0: the Trainer's own cost per step
+    python benchmarks/ddp.py --model tiny --steps 200   # little compute: the Trainer's own cost shows
 
 Model 512-1024-1024-10 MLP, batch 256 per rank, SGD. Both sides run in the same two processes, in
-alternating rounds (so machine load hits both alike); each round times steps ``--warmup``..``--steps``
+alternating rounds (so machine load hits both alike); each round times steps ``--warmup``..``--steps``, and
 the figure is the median over rounds of Trainer/hand-written (adjacent runs see the same load). Target: <= 1.02.
 """
 from __future__ import annotations

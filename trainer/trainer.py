@@ -22,6 +22,7 @@ from trainer import data as data_utils
 from trainer.arguments import build_callbacks, build_loggers, checkpoints_last, set_deterministic, validate_arguments
 from trainer.checkpointing import CheckpointConnector
 from trainer.datamodule import DataModule
+from trainer.distributed_data import balance_training_batches
 from trainer.faults import FaultMonitor
 from trainer.hooks import HookDispatcher, overrides
 from trainer.logged_metrics import ResultCollection
@@ -32,6 +33,7 @@ from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module import TrainModule
 from trainer.optimizers import SchedulerConfig, parse_optimizers
 from trainer.seed import isolated_rng, seed_everything
+from trainer.spawned import run_spawned
 
 
 class Trainer:
@@ -202,9 +204,11 @@ class Trainer:
     # ------------------------------------------------------------------ stage implementations
     def _launch(self, fn: Any, *args: Any) -> Any:
         launcher = self.strategy.launcher
-        if launcher is not None:
+        if launcher is None:
+            return fn(*args)
+        if launcher.runs_in_caller:
             return launcher.launch(fn, *args)
-        return fn(*args)
+        return run_spawned(self, launcher, fn, *args)
 
     def _fit_impl(self, model: TrainModule, train_dataloaders: Any, val_dataloaders: Any,
                   datamodule: Optional[DataModule], ckpt_path: Any) -> None:  # fmt: skip
@@ -276,6 +280,7 @@ class Trainer:
             self.datamodule = datamodule
             datamodule.trainer = self
         self._hooks = HookDispatcher(self._callbacks_with(model), model)
+        finished = False
         try:
             if datamodule is not None:
                 if self.local_rank == 0:
@@ -284,6 +289,7 @@ class Trainer:
                 datamodule.setup(stage)
             self._call_hook("setup", stage)
             yield
+            finished = True
         except BaseException as exc:
             for hook in self._hooks.callback_hooks["on_exception"]:
                 hook(self, model, exc)
@@ -295,6 +301,8 @@ class Trainer:
                 datamodule.teardown(stage)
             self._results = None
             self.state_stage = None
+            if finished:  # after a failure a peer may be gone: leave the process group to the launcher
+                self.strategy.teardown()
 
     # ------------------------------------------------------------------ set-up helpers
     def _check_module(self, model: Any, stage: str) -> None:
@@ -393,6 +401,8 @@ class Trainer:
                                                            self.use_distributed_sampler)  # fmt: skip
         self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
                                                                "limit_train_batches")  # fmt: skip
+        if self.strategy.world_size > 1:  # ranks that run different batch counts would deadlock in DDP
+            self.num_training_batches = balance_training_batches(self.strategy.reduce, self.num_training_batches)
 
     def _run_sanity_check(self) -> None:
         steps = self.num_sanity_val_steps

@@ -77,11 +77,12 @@ class DDPStrategy(ParallelStrategy):
         with self.precision.forward_context():
             return self._run_training_step(*args)
 
-    def backward_sync(self, should_sync: bool) -> ContextManager:
+    def backward_sync(self, should_sync: bool, model: Optional[nn.Module] = None) -> ContextManager:
         """``no_sync()`` on micro-batches that do not end an accumulation window."""
-        if should_sync or not isinstance(self.model, DistributedDataParallel):
+        if should_sync:
             return _NULL_CONTEXT
-        return self.model.no_sync()
+        model = self.model if model is None else model
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else _NULL_CONTEXT
 
     def teardown(self) -> None:
         self._run_training_step = None

@@ -51,6 +51,7 @@ class DataParallelStrategy(Strategy):
     """Split each batch across the GPUs of this machine in one process. See the module docstring for its limits."""
 
     strategy_name = "dp"
+    runs_forward = False  # the DataParallel runner calls training_step
 
     def __init__(self, precision: Optional[Precision] = None) -> None:
         super().__init__(precision=precision)

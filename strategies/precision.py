@@ -1,8 +1,9 @@
 """Precision plugins: how a module's numbers are stored, computed and stepped.
 
 A plugin is owned by the Strategy; the Trainer never branches on precision. Each plugin answers:
-module conversion, input conversion, a forward context, backward (loss scaling), unscaling, the
-optimizer step and ``state_dict``/``load_state_dict`` for checkpoints.
+module conversion, input conversion, a forward context, output conversion (for code that runs after the
+forward, outside that context), backward (loss scaling), unscaling, the optimizer step and
+``state_dict``/``load_state_dict`` for checkpoints.
 
 Order inside one optimizer step (fixed for every plugin)::
 
@@ -37,16 +38,17 @@ from strategies.errors import ConfigurationError
 _NULL_CONTEXT = contextlib.nullcontext()
 
 
-def _apply_to_floating(data: Any, dtype: torch.dtype) -> Any:
-    """Cast every floating-point tensor in a (nested) batch to ``dtype``; leave the rest alone."""
+def _apply_to_floating(data: Any, dtype: torch.dtype, only: Optional[torch.dtype] = None) -> Any:
+    """Cast every floating-point tensor in a (nested) batch to ``dtype`` (with ``only``: just the tensors of that
+    dtype); leave the rest alone."""
     if isinstance(data, Tensor):
-        return data.to(dtype) if data.is_floating_point() else data
+        return data.to(dtype) if data.is_floating_point() and (only is None or data.dtype == only) else data
     if isinstance(data, dict):
-        return type(data)((k, _apply_to_floating(v, dtype)) for k, v in data.items())
+        return type(data)((k, _apply_to_floating(v, dtype, only)) for k, v in data.items())
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(_apply_to_floating(v, dtype) for v in data))
+        return type(data)(*(_apply_to_floating(v, dtype, only) for v in data))
     if isinstance(data, (list, tuple)):
-        return type(data)(_apply_to_floating(v, dtype) for v in data)
+        return type(data)(_apply_to_floating(v, dtype, only) for v in data)
     return data
 
 
@@ -83,9 +85,14 @@ class Precision:
         """Context that wraps every ``*_step`` call (autocast for mixed precision)."""
         return _NULL_CONTEXT
 
-    def backward(self, loss: Tensor) -> None:
-        """Run backward on ``loss`` (scaled where the plugin scales)."""
-        loss.backward()
+    def convert_output(self, data: Any) -> Any:
+        """Convert what a module's forward returned, when the caller computes on it outside
+        :meth:`forward_context` (a hand-written loop's loss). Identity here."""
+        return data
+
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """Run backward on ``loss`` (scaled where the plugin scales); extra arguments go to ``Tensor.backward``."""
+        loss.backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Make the gradients of ``optimizer``'s parameters true gradients. Idempotent within a step."""
@@ -233,11 +240,16 @@ class MixedPrecision(Precision):
     def forward_context(self) -> ContextManager:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
-    def backward(self, loss: Tensor) -> None:
+    def convert_output(self, data: Any) -> Any:
+        """Floating outputs in the autocast dtype become float32, as they would be for an op autocast runs in
+        float32 (a loss): a loss computed after the forward, outside autocast, is then the same."""
+        return _apply_to_floating(data, torch.float32, only=self.dtype)
+
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         if self.scaler is None:
-            loss.backward()
+            loss.backward(*args, **kwargs)
         else:
-            self.scaler.scale(loss).backward()
+            self.scaler.scale(loss).backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         scaler = self.scaler

@@ -40,12 +40,17 @@ class Strategy:
 
     Capabilities are plain attributes rather than mixins: ``is_distributed`` (several processes),
     ``is_sharded`` (parameters or optimizer state split across ranks), ``launcher`` (an object that starts
-    the other processes, or ``None``).
+    the other processes, or ``None``), ``runs_forward`` (the runner ``setup_module`` returns computes the
+    module's ``forward``, so a hand-written loop can call it; False where it runs ``training_step``).
+
+    Several modules may be set up (the Engine prepares each one a user passes): ``module``/``model`` are the
+    last one, and the per-module methods take the module they act on as an optional argument.
     """
 
     strategy_name: str = "single_device"
     is_distributed: bool = False
     is_sharded: bool = False
+    runs_forward: bool = True
 
     def __init__(self, precision: Optional[Precision] = None) -> None:
         self.precision: Precision = precision if precision is not None else Precision()
@@ -140,12 +145,16 @@ class Strategy:
         with self.precision.forward_context():
             return getattr(self.module, step_name)(*args)
 
-    def backward(self, loss: Tensor) -> None:
-        """Backward through the precision plugin (which scales the loss where needed)."""
-        self.precision.backward(loss)
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin (which scales the loss where needed); extra arguments go to
+        ``Tensor.backward`` (e.g. ``retain_graph=True``)."""
+        self.precision.backward(loss, *args, **kwargs)
 
-    def backward_sync(self, should_sync: bool) -> ContextManager:
-        """Context for one micro-batch: distributed strategies skip the gradient all-reduce when False."""
+    def backward_sync(self, should_sync: bool, model: Optional[nn.Module] = None) -> ContextManager:
+        """Context for one micro-batch: distributed strategies skip the gradient all-reduce when False.
+
+        ``model`` is a runner returned by :meth:`setup_module` (default: the last one set up).
+        """
         return _NULL_CONTEXT
 
     def optimizer_step(
@@ -154,16 +163,29 @@ class Strategy:
         """Unscale → ``before_step`` (hooks, clipping) → step → scaler update. False when the step was skipped."""
         return self.precision.optimizer_step(optimizer, before_step, closure)
 
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Make ``optimizer``'s gradients true gradients (undo loss scaling); idempotent within a step."""
+        self.precision.unscale_gradients(optimizer)
+
     def clip_gradients(self, optimizer: Optimizer, clip_val: float, algorithm: str = "norm") -> Optional[Tensor]:
         """Clip the gradients of ``optimizer``'s parameters by total norm or by value (after unscaling)."""
-        self.precision.unscale_gradients(optimizer)
+        self.unscale_gradients(optimizer)
         params = self._clip_params.get(id(optimizer))
         if params is None:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self._clip_params[id(optimizer)] = params
+        return self.clip_parameters(params, clip_val, algorithm)
+
+    def clip_parameters(
+        self, parameters: list[Tensor], clip_val: float, algorithm: str = "norm", norm_type: float = 2.0
+    ) -> Optional[Tensor]:
+        """Clip already unscaled gradients of ``parameters``; returns the total norm (``algorithm="norm"``).
+
+        Sharded strategies override this where the norm must be reduced over the shards.
+        """
         if algorithm == "norm":
-            return torch.nn.utils.clip_grad_norm_(params, clip_val)
-        torch.nn.utils.clip_grad_value_(params, clip_val)
+            return torch.nn.utils.clip_grad_norm_(parameters, clip_val, norm_type=norm_type)
+        torch.nn.utils.clip_grad_value_(parameters, clip_val)
         return None
 
     # ------------------------------------------------------------------ collectives (one process: identity)
@@ -187,13 +209,16 @@ class Strategy:
         return decision
 
     # ------------------------------------------------------------------ checkpoints
-    def module_state_dict(self) -> dict[str, Any]:
-        """The full module state dict (gathered where sharded)."""
-        return self.module.state_dict()
+    def module_state_dict(self, module: Optional[nn.Module] = None) -> dict[str, Any]:
+        """The full state dict of ``module`` (a module this strategy set up; default the last), gathered where
+        sharded."""
+        return (self.module if module is None else module).state_dict()
 
-    def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> Any:
-        """Load a full module state dict into the (possibly wrapped/sharded) module."""
-        return self.module.load_state_dict(state_dict, strict=strict)
+    def load_module_state_dict(
+        self, state_dict: dict[str, Any], strict: bool = True, module: Optional[nn.Module] = None
+    ) -> Any:
+        """Load a full state dict into ``module`` (default the last set up), however it is wrapped or sharded."""
+        return (self.module if module is None else module).load_state_dict(state_dict, strict=strict)
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
         """The optimizer's full state dict (consolidated where sharded)."""

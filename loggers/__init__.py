@@ -38,13 +38,13 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-def default_logger(root_dir: str) -> Logger:
-    """What ``Trainer(logger=True)`` creates: TensorBoard under ``root_dir/logs/version_N``, or CSV in the
+def default_logger(root_dir: str, name: str = "logs") -> Logger:
+    """What ``Trainer(logger=True)`` creates: TensorBoard under ``root_dir/name/version_N``, or CSV in the
     same place when the ``tensorboard`` package is missing."""
     if importlib.util.find_spec("tensorboard") is not None:
         from loggers.tensorboard_logger import TensorBoardLogger
 
-        return TensorBoardLogger(root_dir)
+        return TensorBoardLogger(root_dir, name=name)
     from loggers.csv_logger import CSVLogger
 
-    return CSVLogger(root_dir)
+    return CSVLogger(root_dir, name=name)

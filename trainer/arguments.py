@@ -41,9 +41,7 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     if max_epochs is None:
         out["max_epochs"] = -1 if max_steps != -1 else 1000
 
-    accumulate = args["accumulate_grad_batches"]
-    _require(_is_int(accumulate) and accumulate >= 1,
-             f"accumulate_grad_batches={accumulate!r} must be an int >= 1 (1 means no accumulation).")
+    check_accumulate_grad_batches(args["accumulate_grad_batches"])
     clip, algorithm = args["gradient_clip_val"], args["gradient_clip_algorithm"]
     _require(clip is None or (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip >= 0),
              f"gradient_clip_val={clip!r} must be None or a number >= 0.")
@@ -85,6 +83,13 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
                    val_check_interval=None, check_val_every_n_epoch=1, log_every_n_steps=1)
     out["fast_dev_run"] = int(fast) if not isinstance(fast, bool) else (1 if fast else 0)
     return out
+
+
+def check_accumulate_grad_batches(value: Any) -> int:
+    """``accumulate_grad_batches`` (Trainer and Engine): an int >= 1."""
+    _require(_is_int(value) and value >= 1,
+             f"accumulate_grad_batches={value!r} must be an int >= 1 (1 means no accumulation).")
+    return value
 
 
 def set_deterministic(deterministic: Any) -> None:

@@ -54,7 +54,7 @@ def _shuffles(loader: DataLoader) -> bool:
         f"The dataloader uses a custom sampler ({type(sampler).__name__}), which cannot be split across ranks "
         "automatically without changing what it samples. Make it rank-aware (e.g. wrap it in a "
         "torch.utils.data.DistributedSampler-style sampler that yields this rank's share) and pass "
-        "Trainer(use_distributed_sampler=False)."
+        "use_distributed_sampler=False to the Trainer or Engine."
     )
 
 
@@ -78,7 +78,7 @@ def distribute_loader(loader: DataLoader, sampler_kwargs: dict[str, int], traini
         raise ConfigurationError(
             f"The dataloader uses a custom batch_sampler ({type(batch_sampler).__name__}), which cannot be split "
             "across ranks automatically. Give each rank its own share of the batches and pass "
-            "Trainer(use_distributed_sampler=False)."
+            "use_distributed_sampler=False to the Trainer or Engine."
         )
     shuffle = _shuffles(loader)
     if training:
@@ -97,7 +97,7 @@ def distribute_loader(loader: DataLoader, sampler_kwargs: dict[str, int], traini
     except TypeError as err:
         raise ConfigurationError(
             f"Could not rebuild {type(loader).__name__} with a DistributedSampler ({err}). Pass "
-            "Trainer(use_distributed_sampler=False) and give it a DistributedSampler yourself."
+            "use_distributed_sampler=False to the Trainer or Engine and give it a DistributedSampler yourself."
         ) from None
 
 

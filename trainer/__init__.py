@@ -1,7 +1,10 @@
 """trainer: write the science, not the loop.
 
-``Trainer(devices=4, precision=16, accumulate_grad_batches=16).fit(module, data)``.
+``Trainer(devices=4, precision=16, accumulate_grad_batches=16).fit(module, data)``; for a loop of your own,
+``Engine`` (imported on first use, so ``import trainer`` does not pay for it).
 """
+from typing import Any
+
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_only, rank_zero_warn
 from trainer.datamodule import DataModule
@@ -14,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigurationError",
     "DataModule",
+    "Engine",
     "TrainModule",
     "Trainer",
     "rank_zero_info",
@@ -21,3 +25,11 @@ __all__ = [
     "rank_zero_warn",
     "seed_everything",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":
+        from trainer.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

@@ -1,0 +1,477 @@
+"""``Engine``: the Trainer's strategies, precision plugins, data splitting and checkpoint IO for a loop you write
+yourself (the API of Hugging Face Accelerate's ``Accelerator``)::
+
+    engine = Engine(devices=2, precision="16-mixed", accumulate_grad_batches=2)
+    model, optimizer, loader = engine.prepare(model, optimizer, loader)
+    for x, y in loader:                                 # this rank's share, already on engine.device
+        with engine.accumulate(model):                  # no gradient all-reduce inside a window
+            loss = loss_fn(model(x), y)                 # forward autocast under mixed precision
+            engine.backward(loss)                       # divided by accumulate_grad_batches, scaled under fp16
+            engine.clip_grad_norm_(model.parameters(), 1.0)   # unscales first; a no-op inside a window
+            optimizer.step()                            # a no-op inside a window
+            optimizer.zero_grad()
+
+Nothing here is strategy- or precision-specific: every step goes through the same ``Strategy`` the Trainer
+drives (``setup_module``, ``backward_sync``, ``backward``, ``optimizer_step``, ``clip_parameters``, collectives).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+from torch.utils.data import DataLoader
+
+from loggers.logger import Logger
+from strategies.checkpoint_io import atomic_save
+from strategies.connector import build_strategy
+from strategies.errors import ConfigurationError
+from strategies.strategy import Strategy
+from trainer.arguments import check_accumulate_grad_batches
+from trainer.data import prepare_loader
+from trainer.engine_wrappers import AccumulationWindow, AutocastForward, EngineDataLoader, EngineOptimizer, EngineScheduler
+from trainer.trackers import check_trackers, create_trackers
+
+_NULL_CONTEXT = contextlib.nullcontext()
+_REDUCTIONS = ("sum", "mean", "max", "min", "none")
+
+
+def _run_in_rank(engine: "Engine", fn: Callable[..., Any], args: tuple) -> Any:
+    """Entry point of a rank that ``Engine.launch`` started: join the job, then run the user's function."""
+    engine._setup()
+    return fn(engine, *args)
+
+
+def _apply_to_tensors(data: Any, fn: Callable[[Tensor], Any]) -> Any:
+    if isinstance(data, Tensor):
+        return fn(data)
+    if isinstance(data, dict):
+        return type(data)((k, _apply_to_tensors(v, fn)) for k, v in data.items())
+    if isinstance(data, (list, tuple)):
+        return type(data)(_apply_to_tensors(v, fn) for v in data)
+    raise ConfigurationError(f"Expected tensors (or dicts/lists/tuples of tensors), got {type(data).__name__}.")
+
+
+class Engine:
+    """Distributed training, mixed precision and gradient accumulation for a hand-written loop.
+
+    Takes the Trainer's ``accelerator``/``devices``/``num_nodes``/``strategy``/``precision`` and
+    ``accumulate_grad_batches`` (validated identically). ``loggers``: True (TensorBoard, else CSV), "tensorboard",
+    "csv", a ``loggers.Logger`` or a list; named ones are created by :meth:`init_trackers` under ``project_dir``.
+
+    On return the job is running: from a plain ``python script.py`` with several devices the other ranks have
+    been started (they re-run the script, as with the Trainer), under torchrun/SLURM/``trainer run`` this process
+    has joined. A spawn strategy (``"ddp_spawn"``, ``DDPStrategy(start_method="fork")`` in a notebook) starts its
+    ranks in :meth:`launch` instead.
+    """
+
+    def __init__(
+        self,
+        accelerator: str = "auto",
+        devices: Union[str, int, list[int]] = "auto",
+        num_nodes: int = 1,
+        strategy: Union[str, Strategy] = "auto",
+        precision: Union[str, int] = "32-true",
+        accumulate_grad_batches: int = 1,
+        loggers: Union[bool, str, Logger, Iterable[Union[str, Logger]], None] = None,
+        project_dir: Optional[Union[str, os.PathLike]] = None,
+        use_distributed_sampler: bool = True,
+    ) -> None:
+        accumulate = check_accumulate_grad_batches(accumulate_grad_batches)
+        self._tracker_specs = check_trackers(loggers)
+        if project_dir is not None and not isinstance(project_dir, (str, os.PathLike)):
+            raise ConfigurationError(f"project_dir={project_dir!r} must be a path (str or os.PathLike) or None.")
+        self.project_dir = str(project_dir) if project_dir is not None else os.getcwd()
+        self.use_distributed_sampler = bool(use_distributed_sampler)
+        self.strategy: Strategy = build_strategy(accelerator, devices, num_nodes, strategy, precision)
+        if not self.strategy.runs_forward:
+            raise ConfigurationError(
+                f"strategy={self.strategy.strategy_name!r} runs the module's training_step on every device, which a "
+                "hand-written loop does not have. Use strategy='ddp' (one process per device) with the Engine."
+            )
+        self._window = AccumulationWindow(accumulate)
+        self._autocast = AutocastForward(self.strategy.precision)
+        self._modules: list[tuple[nn.Module, nn.Module, list[Any]]] = []  # (module, runner, autocast hooks)
+        self._optimizers: list[EngineOptimizer] = []
+        self._schedulers: list[EngineScheduler] = []
+        self._loaders: list[EngineDataLoader] = []
+        self._custom: list[Any] = []
+        self._param_owner: dict[int, EngineOptimizer] = {}
+        self.loggers: list[Logger] = []
+        self._ready = False
+        launcher = self.strategy.launcher
+        if launcher is None:
+            self._setup()
+        elif launcher.runs_in_caller:
+            try:
+                launcher.launch(self._setup)
+            except ConfigurationError as err:
+                if self._ready:
+                    raise
+                raise ConfigurationError(
+                    f"{err} In a notebook, use Engine(strategy=DDPStrategy(start_method='fork'), ...) and start the "
+                    "ranks with engine.launch(fn)."
+                ) from None
+
+    def _setup(self) -> None:
+        self.strategy.setup_environment()
+        self._ready = True
+
+    # ------------------------------------------------------------------ launching
+    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(engine, *args)`` on every rank; returns global rank 0's result (``None`` on the others).
+
+        With a spawn strategy this starts the ranks (from a notebook: ``DDPStrategy(start_method="fork")``;
+        ``fn`` and ``args`` are sent to them, so they must be picklable under "spawn"). Otherwise the ranks
+        already run and ``fn`` is simply called here (and in every rank that re-runs this script).
+        """
+        if not callable(fn):
+            raise ConfigurationError(f"launch(fn, *args) needs a function to run on every rank; got {fn!r}.")
+        launcher = self.strategy.launcher
+        if self._ready:
+            if launcher is not None and launcher.runs_in_caller:
+                return launcher.launch(fn, self, *args)  # a failure here stops the ranks this process started
+            return fn(self, *args)
+        return launcher.launch(_run_in_rank, self, fn, args)
+
+    def _require_ready(self, what: str) -> None:
+        if not self._ready:
+            raise ConfigurationError(
+                f"{what} runs inside the job, but strategy={self.strategy.strategy_name!r} starts its processes in "
+                "engine.launch(fn): call it inside fn(engine, ...)."
+            )
+
+    # ------------------------------------------------------------------ topology
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self.strategy.root_device
+
+    @property
+    def num_processes(self) -> int:
+        """Processes in the job."""
+        return self.strategy.world_size
+
+    @property
+    def process_index(self) -> int:
+        """This process's rank in the job (global rank)."""
+        return self.strategy.global_rank
+
+    @property
+    def local_process_index(self) -> int:
+        """This process's rank on its machine."""
+        return self.strategy.local_rank
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on global rank 0 (the one that writes logs and files)."""
+        return self.strategy.global_rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on local rank 0 of each machine."""
+        return self.strategy.local_rank == 0
+
+    @property
+    def precision(self) -> str:
+        """The precision's canonical name (``"32-true"``, ``"16-mixed"``, ...)."""
+        return self.strategy.precision.name
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (``accumulate_grad_batches``)."""
+        return self._window.size
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True when the current micro-batch ends its accumulation window: gradients are all-reduced and
+        prepared optimizers step. Set by :meth:`accumulate`; True outside it."""
+        return self._window.sync
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when a prepared optimizer's last step was skipped (16-mixed: inf/nan gradients)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    # ------------------------------------------------------------------ preparing
+    def prepare(self, *objects: Any) -> Any:
+        """Prepare modules, optimizers, dataloaders and LR schedulers; returns them in the order given (one
+        object when one was given).
+
+        Modules are converted for the precision, moved to the device and wrapped (e.g. DDP); dataloaders are
+        split across ranks as the Trainer splits training data; optimizers and schedulers follow the
+        accumulation window. Modules are set up before the optimizers whatever the order.
+        """
+        if not objects:
+            raise ConfigurationError("prepare() needs at least one module, optimizer, dataloader or LR scheduler.")
+        self._require_ready("prepare()")
+        kinds = [self._kind(obj, index) for index, obj in enumerate(objects)]
+        results = list(objects)
+        for index, obj in enumerate(objects):
+            if kinds[index] == "module":
+                results[index] = self._prepare_module(obj)
+        for index, obj in enumerate(objects):
+            if kinds[index] == "loader":
+                results[index] = self._prepare_loader(obj, training=True)
+        optimizers = [index for index, kind in enumerate(kinds) if kind == "optimizer"]
+        if optimizers:
+            prepared = self.strategy.setup_optimizers([objects[index] for index in optimizers])
+            for index, optimizer in zip(optimizers, prepared):
+                results[index] = self._wrap_optimizer(optimizer)
+        for index, obj in enumerate(objects):
+            if kinds[index] == "scheduler":
+                results[index] = self._prepare_scheduler(obj)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def prepare_data_loader(self, loader: DataLoader, evaluation: bool = False) -> EngineDataLoader:
+        """Prepare one dataloader. ``evaluation=True``: every sample exactly once across ranks (no padding, so
+        ranks may get one batch fewer), and the loader neither ends accumulation windows nor is saved in state."""
+        self._require_ready("prepare_data_loader()")
+        if self._kind(loader, 0) != "loader":
+            raise ConfigurationError(f"prepare_data_loader() takes a torch DataLoader, got {type(loader).__name__}.")
+        return self._prepare_loader(loader, training=not evaluation)
+
+    def _kind(self, obj: Any, index: int) -> str:
+        if isinstance(obj, (EngineOptimizer, EngineScheduler, EngineDataLoader)) or any(
+            obj is runner for _, runner, _ in self._modules
+        ):
+            return "prepared"
+        if isinstance(obj, nn.Module):
+            return "module"
+        if isinstance(obj, Optimizer):
+            return "optimizer"
+        if isinstance(obj, DataLoader):
+            return "loader"
+        if isinstance(obj, (LRScheduler, ReduceLROnPlateau)):
+            return "scheduler"
+        raise ConfigurationError(
+            f"prepare() got a {type(obj).__name__} (argument {index}), which it does not know how to prepare. It takes "
+            "torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader and torch.optim.lr_scheduler "
+            "objects; use anything else as it is (move batches of another iterable with engine.to_device(batch))."
+        )
+
+    def _prepare_module(self, module: nn.Module) -> nn.Module:
+        runner = self.strategy.setup_module(module)
+        module = self.strategy.module if self.strategy.module is not None else module
+        hooks = self._autocast.attach(module) if AutocastForward.needed(self.strategy.precision) else []
+        self._modules.append((module, runner, hooks))
+        return runner
+
+    def _prepare_loader(self, loader: DataLoader, training: bool) -> EngineDataLoader:
+        split = prepare_loader(loader, self.strategy.distributed_sampler_kwargs, training, self.use_distributed_sampler)
+        prepared = EngineDataLoader(split, self.strategy, self._window if training else None)
+        self._loaders.append(prepared)
+        return prepared
+
+    def _wrap_optimizer(self, optimizer: Optimizer) -> EngineOptimizer:
+        if optimizer.state:  # state loaded before prepare: put it next to the parameters (and in their dtype)
+            optimizer.load_state_dict(optimizer.state_dict())
+        wrapped = EngineOptimizer(optimizer, self.strategy, self._window)
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                self._param_owner[id(param)] = wrapped
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def _prepare_scheduler(self, scheduler: Any) -> EngineScheduler:
+        target = scheduler.optimizer
+        owner = target if isinstance(target, EngineOptimizer) else next(
+            (opt for opt in self._optimizers if opt.optimizer is target), None
+        )
+        if owner is None:
+            raise ConfigurationError(
+                f"prepare() got a {type(scheduler).__name__} whose optimizer has not been prepared. Prepare the "
+                "optimizer first, or in the same call: engine.prepare(model, optimizer, scheduler)."
+            )
+        prepared = EngineScheduler(scheduler, owner, self._window)
+        self._schedulers.append(prepared)
+        return prepared
+
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+        """The user's module behind a prepared one (without DDP or ``torch.compile`` wrappers).
+
+        ``keep_fp32_wrapper=False`` also removes the autocast hooks ``prepare`` put on it under mixed precision.
+        """
+        model = getattr(model, "_orig_mod", model)  # torch.compile
+        for module, runner, hooks in self._modules:
+            if model is runner or model is module:
+                if not keep_fp32_wrapper:
+                    for handle in hooks:
+                        handle.remove()
+                    hooks.clear()
+                return module
+        return model
+
+    def to_device(self, data: Any) -> Any:
+        """Move a (nested) batch to this process's device and convert it for the precision, as prepared
+        dataloaders do."""
+        return self.strategy.batch_to_device(data)
+
+    # ------------------------------------------------------------------ the step
+    def accumulate(self, *models: nn.Module) -> ContextManager:
+        """Context for one micro-batch: counts it, sets :attr:`sync_gradients`, and inside an accumulation window
+        skips the gradient all-reduce of ``models`` (DDP ``no_sync``). Windows end every
+        ``accumulate_grad_batches`` micro-batches and at the last batch of a prepared training dataloader."""
+        if self._window.advance() or not models:
+            return _NULL_CONTEXT
+        if len(models) == 1:
+            return self.strategy.backward_sync(False, models[0])
+        stack = contextlib.ExitStack()
+        for model in models:
+            stack.enter_context(self.strategy.backward_sync(False, model))
+        return stack
+
+    def no_sync(self, model: nn.Module) -> ContextManager:
+        """Skip the gradient all-reduce of ``model`` for the backward passes inside this context."""
+        return self.strategy.backward_sync(False, model)
+
+    def autocast(self) -> ContextManager:
+        """The precision's forward context (autocast under mixed precision), for code outside a prepared
+        module's forward."""
+        return self.strategy.precision.forward_context()
+
+    def backward(self, loss: Tensor, **kwargs: Any) -> None:
+        """``loss.backward()`` through the strategy: divided by ``accumulate_grad_batches``, scaled under
+        16-mixed. ``kwargs`` go to ``Tensor.backward`` (e.g. ``retain_graph=True``)."""
+        if not self._modules:
+            raise ConfigurationError(
+                "engine.backward() was called before any module was prepared. Call "
+                "model, optimizer, loader = engine.prepare(model, optimizer, loader) first and compute the loss "
+                "with the model prepare returned."
+            )
+        if self._window.size > 1:
+            loss = loss / self._window.size
+        self.strategy.backward(loss, **kwargs)
+
+    def clip_grad_norm_(self, parameters: Union[Tensor, Iterable[Tensor]], max_norm: float,
+                        norm_type: float = 2.0) -> Optional[Tensor]:  # fmt: skip
+        """Clip the gradients of ``parameters`` to total norm ``max_norm`` (unscaled first under 16-mixed);
+        returns the total norm before clipping. Inside an accumulation window it does nothing and returns None:
+        only a window's complete gradients are clipped."""
+        return self._clip(parameters, max_norm, "norm", norm_type)
+
+    def clip_grad_value_(self, parameters: Union[Tensor, Iterable[Tensor]], clip_value: float) -> None:
+        """Clamp the gradients of ``parameters`` to ``[-clip_value, clip_value]`` (unscaled first under
+        16-mixed). Inside an accumulation window it does nothing."""
+        self._clip(parameters, clip_value, "value")
+
+    def _clip(self, parameters: Any, value: float, algorithm: str, norm_type: float = 2.0) -> Optional[Tensor]:
+        if not self._window.sync:
+            return None
+        params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+        if not any(param.grad is not None for param in params):
+            raise ConfigurationError(
+                f"clip_grad_{algorithm}_() found no gradients on the {len(params)} parameter(s) it was given. Call "
+                "engine.backward(loss) before clipping, pass the parameters of the module that computed the loss, "
+                "and clip before optimizer.zero_grad()."
+            )
+        owners = {id(owner): owner for param in params if (owner := self._param_owner.get(id(param))) is not None}
+        for owner in owners.values():
+            self.strategy.unscale_gradients(owner.optimizer)
+        return self.strategy.clip_parameters(params, value, algorithm, norm_type)
+
+    # ------------------------------------------------------------------ collectives
+    def gather(self, data: Any) -> Any:
+        """Every rank's tensors concatenated along the first dimension (scalars become a vector of one value per
+        rank); nested dicts/lists/tuples of tensors keep their structure. Every rank must call it."""
+        gather = self.strategy.all_gather
+        return _apply_to_tensors(data, lambda t: gather(t).flatten(0, 1) if t.dim() else gather(t))
+
+    def reduce(self, data: Any, reduction: str = "sum") -> Any:
+        """Tensors reduced over ranks: ``"sum"`` (Accelerate's default), ``"mean"``, ``"max"``, ``"min"`` or
+        ``"none"``. Every rank must call it."""
+        if reduction not in _REDUCTIONS:
+            raise ConfigurationError(f"reduce(reduction={reduction!r}) is not supported. Use one of {_REDUCTIONS}.")
+        if reduction == "none":
+            return data
+        reduce = self.strategy.reduce
+        return _apply_to_tensors(data, lambda t: reduce(t, reduction))
+
+    def broadcast(self, obj: Any, from_process: int = 0) -> Any:
+        """``obj`` (any picklable value, tensors included) as rank ``from_process`` has it. Every rank must call it."""
+        return self.strategy.broadcast(obj, from_process)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every rank reaches this point."""
+        self.strategy.barrier("wait_for_everyone")
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on global rank 0 first, then on the others (e.g. to download or preprocess once)."""
+        if not self.is_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_main_process:
+            self.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank 0 only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    # ------------------------------------------------------------------ files
+    def save(self, obj: Any, path: Union[str, os.PathLike]) -> None:
+        """``torch.save`` ``obj`` on global rank 0, atomically (readers see the old file or the new one)."""
+        if self.is_main_process:
+            atomic_save(obj, path)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore these objects (anything with ``state_dict``/``load_state_dict``, e.g. a step counter)
+        in :meth:`save_state`/:meth:`load_state`, in the order registered."""
+        for obj in objects:
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise ConfigurationError(
+                    f"register_for_checkpointing() needs objects with state_dict() and load_state_dict(); a "
+                    f"{type(obj).__name__} has {'neither' if not hasattr(obj, 'state_dict') else 'only one'}."
+                )
+            self._custom.append(obj)
+
+    def save_state(self, output_dir: Union[str, os.PathLike]) -> Path:
+        """Save everything needed to resume exactly: prepared modules, optimizers, schedulers, the gradient scaler,
+        the accumulation window (with its gradients when saved inside one), every RNG, each prepared training
+        dataloader's position, and registered objects. Every rank must call it; returns the folder."""
+        from trainer.engine_state import save_engine_state
+
+        self._require_ready("save_state()")
+        return save_engine_state(self, Path(output_dir))
+
+    def load_state(self, input_dir: Union[str, os.PathLike]) -> None:
+        """Restore what :meth:`save_state` wrote into the objects prepared (in the same order) by this Engine. The
+        next pass over a prepared training dataloader continues at the batch where the saved run stood."""
+        from trainer.engine_state import load_engine_state
+
+        self._require_ready("load_state()")
+        load_engine_state(self, Path(input_dir))
+
+    # ------------------------------------------------------------------ experiment logging
+    def init_trackers(self, project_name: str, config: Optional[dict[str, Any]] = None) -> None:
+        """Create the loggers given as ``loggers=`` (named ones in ``project_dir/project_name/version_N``) and
+        record ``config`` as the run's hyperparameters."""
+        if not isinstance(project_name, str) or not project_name:
+            raise ConfigurationError(f"init_trackers(project_name={project_name!r}) needs a non-empty name.")
+        self.loggers = create_trackers(self._tracker_specs, self.project_dir, project_name)
+        if config and self.is_main_process:
+            for logger in self.loggers:
+                logger.log_hyperparams(dict(config))
+
+    def log(self, values: dict[str, Any], step: Optional[int] = None) -> None:
+        """Send scalar ``values`` (numbers or one-element tensors) to every logger, on global rank 0."""
+        if self.is_main_process:
+            for logger in self.loggers:
+                logger.log_metrics(values, step)
+
+    def end_training(self) -> None:
+        """Finish the loggers and wait for every rank; call once at the end of a successful run."""
+        if self.is_main_process:
+            for logger in self.loggers:
+                logger.finalize("success")
+        self.wait_for_everyone()
+        self.strategy.teardown()
+
+    def __repr__(self) -> str:
+        return f"Engine(strategy={self.strategy!r}, accumulate_grad_batches={self._window.size})"

@@ -1,0 +1,280 @@
+"""What ``Engine.prepare`` hands back besides the module: optimizers and LR schedulers that follow the
+accumulation window, dataloaders that yield this rank's batches on its device from the exact position a
+``load_state`` left, and the hooks that run a prepared module's forward in the precision's context.
+
+The per-batch cost is what a hand-written loop pays: an attribute read in ``step``/``zero_grad``, and in
+the dataloader one counter and one flag per batch.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+from torch import nn
+from torch.optim import Optimizer
+
+from trainer.data import loader_length
+from trainer.data_position import TrainDataPosition
+from trainer.seed import restore_rng_state
+
+if TYPE_CHECKING:  # pragma: no cover
+    from strategies.precision import Precision
+    from strategies.strategy import Strategy
+
+_END = object()
+
+
+def _nothing() -> None:
+    pass
+
+
+class AccumulationWindow:
+    """Which micro-batches end an accumulation window: every ``size``-th call of :meth:`advance`, and the last
+    batch of a prepared training dataloader (so a partial window at an epoch's end still steps, as in the
+    Trainer). ``sync`` is the answer for the current micro-batch."""
+
+    __slots__ = ("size", "position", "sync", "end_of_data")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.position = 0  # micro-batches into the current window
+        self.sync = True
+        self.end_of_data = False  # set by the dataloader for the batch it just yielded
+
+    def advance(self) -> bool:
+        """Count one micro-batch; True when it ends its window (its gradients are synchronised and stepped)."""
+        position = self.position + 1
+        if position >= self.size or self.end_of_data:
+            position = 0
+        self.position = position
+        self.sync = position == 0
+        return self.sync
+
+
+class EngineOptimizer(Optimizer):
+    """A prepared optimizer. ``step()`` runs the strategy's step (16-mixed: unscale once → step, or skip on
+    inf/nan → scaler update); inside an accumulation window ``step()`` and ``zero_grad()`` do nothing.
+
+    ``step_was_skipped`` tells whether the last step was skipped by the gradient scaler. Everything else
+    (``param_groups``, ``state``, ``state_dict``...) is the wrapped ``optimizer``'s.
+    """
+
+    def __init__(self, optimizer: Optimizer, strategy: "Strategy", window: AccumulationWindow) -> None:
+        # No Optimizer.__init__: this object only forwards to ``optimizer``; subclassing lets torch's LR
+        # schedulers (which check isinstance) be built on it.
+        self.optimizer = optimizer
+        self._strategy = strategy
+        self._window = window
+        self.step_was_skipped = False
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> None:  # type: ignore[override]
+        """Step through the strategy at the end of an accumulation window; a no-op inside one."""
+        if not self._window.sync:
+            return
+        self.step_was_skipped = not self._strategy.optimizer_step(self.optimizer, _nothing, closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients at the end of an accumulation window; a no-op inside one."""
+        if self._window.sync:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer."""
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the wrapped optimizer's state dict."""
+        self.optimizer.load_state_dict(state_dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)  # Optimizer.__getstate__ would read attributes this wrapper does not have
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"EngineOptimizer({self.optimizer!r})"
+
+
+class EngineScheduler:
+    """A prepared LR scheduler: ``step()`` runs only when its optimizer stepped, i.e. at the end of an
+    accumulation window and not after a step the gradient scaler skipped. One scheduler step per optimizer
+    step, as in the Trainer (Accelerate steps it once per process instead; see docs/migrating_from_accelerate.md)."""
+
+    def __init__(self, scheduler: Any, optimizer: Optional[EngineOptimizer], window: AccumulationWindow) -> None:
+        self.scheduler = scheduler
+        self._optimizer = optimizer
+        self._window = window
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Step the wrapped scheduler if its optimizer has just stepped."""
+        if not self._window.sync or (self._optimizer is not None and self._optimizer.step_was_skipped):
+            return
+        self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        """The learning rates the wrapped scheduler set last."""
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped scheduler's state dict."""
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the wrapped scheduler's state dict."""
+        self.scheduler.load_state_dict(state_dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "scheduler":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
+
+    def __repr__(self) -> str:
+        return f"EngineScheduler({self.scheduler!r})"
+
+
+class EngineDataLoader:
+    """A prepared dataloader: this rank's share of the data (split as the Trainer splits it), each batch moved
+    to the device and converted for the precision. Every ``iter()`` is one epoch; the sampler's ``set_epoch``
+    is called for it (so a shuffled loader reshuffles), and after ``Engine.load_state`` the next epoch resumes
+    at the batch where the saved run stood, without loading the batches before it.
+
+    A training loader (``prepare``'s default) also tells the accumulation window when it yields its last batch.
+    ``epoch`` counts finished passes; ``batch_in_epoch`` the batches yielded in the current one.
+    """
+
+    def __init__(self, loader: Any, strategy: "Strategy", window: Optional[AccumulationWindow]) -> None:
+        self.loader = loader
+        self._strategy = strategy
+        self._window = window
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self._position = TrainDataPosition()
+        self._resume: Optional[dict[str, Any]] = None
+
+    @property
+    def training(self) -> bool:
+        """True for a training loader (it ends accumulation windows and is saved by ``save_state``)."""
+        return self._window is not None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` epoch ``epoch`` (the sampler's shuffle order follows it)."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        resume, self._resume = self._resume, None
+        if resume is not None and resume["epoch"] == self.epoch and resume["batch_in_epoch"]:
+            skip = resume["batch_in_epoch"]
+            iterator = self._position.iterator(self.loader, self.epoch, skip, resume["position"])
+            restore_rng_state(resume["rng"])  # positioning replayed the sampler's draws; continue the saved stream
+        else:
+            skip = 0
+            iterator = self._position.iterator(self.loader, self.epoch)
+        self.batch_in_epoch = skip
+        return self._batches(iterator, skip)
+
+    def _batches(self, iterator: Iterator[Any], index: int) -> Iterator[Any]:
+        to_device = self._strategy.batch_to_device
+        window = self._window
+        total = loader_length(self.loader)
+        if not math.isinf(total):
+            for batch in iterator:
+                index += 1
+                self.batch_in_epoch = index
+                if window is not None:
+                    window.end_of_data = index >= total
+                yield to_device(batch)
+        else:  # no length: look one batch ahead to know which is the last
+            batch = next(iterator, _END)
+            while batch is not _END:
+                following = next(iterator, _END)
+                index += 1
+                self.batch_in_epoch = index
+                if window is not None:
+                    window.end_of_data = following is _END
+                yield to_device(batch)
+                batch = following
+        if window is not None:
+            window.end_of_data = False
+        self.epoch += 1
+        self.batch_in_epoch = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: epoch, batches yielded in it, and the random state its order came from."""
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "position": self._position.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], rng: dict[str, Any]) -> None:
+        """Continue at ``state`` on the next ``iter()``; ``rng`` is put back once the position is reached."""
+        self.epoch = state["epoch"]
+        self.batch_in_epoch = state["batch_in_epoch"]
+        self._resume = {**state, "rng": rng}
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)  # dataset, batch_size, sampler, ...
+
+    def __repr__(self) -> str:
+        return f"EngineDataLoader({self.loader!r}, epoch={self.epoch}, batch_in_epoch={self.batch_in_epoch})"
+
+
+class AutocastForward:
+    """Forward hooks on a prepared module: its forward runs in the precision's forward context (autocast), and
+    its output goes through ``precision.convert_output`` (float16/bfloat16 → float32), so a loss computed on
+    it afterwards equals the one a ``training_step`` computes inside autocast. Installed only for precisions
+    that have a forward context."""
+
+    def __init__(self, precision: "Precision") -> None:
+        self.precision = precision
+        self._open: list[Any] = []  # entered contexts, innermost last (a module may run inside itself)
+
+    @staticmethod
+    def needed(precision: "Precision") -> bool:
+        """True when the precision changes how a forward computes."""
+        return not isinstance(precision.forward_context(), contextlib.nullcontext)
+
+    def attach(self, module: nn.Module) -> list[Any]:
+        """Install the hooks on ``module``; returns their handles (``handle.remove()`` takes them off)."""
+        return [module.register_forward_pre_hook(self._enter),
+                module.register_forward_hook(self._exit, always_call=True)]  # fmt: skip
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        context = self.precision.forward_context()
+        context.__enter__()
+        self._open.append(context)
+
+    def _exit(self, module: nn.Module, args: Any, output: Any) -> Any:
+        self._open.pop().__exit__(None, None, None)
+        return self.precision.convert_output(output)

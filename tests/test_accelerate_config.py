@@ -1,0 +1,136 @@
+"""Accelerate config files translated to our launch settings and Trainer/Engine arguments, key by key."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from strategies import ConfigurationError
+from strategies.registry import register_strategy
+from trainer.accelerate_config import is_accelerate_config, translate_accelerate_config
+
+# What `accelerate config` writes for two machines with four GPUs each.
+MULTI_GPU = """
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: MULTI_GPU
+downcast_bf16: 'no'
+dynamo_backend: 'NO'
+deepspeed_config: {}
+fsdp_config: {}
+gpu_ids: all
+machine_rank: 1
+main_process_ip: 10.0.0.4
+main_process_port: 5000
+main_training_function: main
+megatron_lm_config: {}
+mixed_precision: bf16
+num_machines: 2
+num_processes: 8
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+"""
+
+
+def translate(text: str, **changes) -> dict:
+    data = yaml.safe_load(text)
+    data.update(changes)
+    return translate_accelerate_config(data, "acc.yaml")
+
+
+def test_a_multi_gpu_two_machine_file_maps_every_key():
+    assert translate(MULTI_GPU) == {
+        "num_nodes": 2, "devices": 4, "node_rank": 1, "main_address": "10.0.0.4", "main_port": 5000,
+        "trainer": {"precision": "bf16-mixed", "accelerator": "gpu", "strategy": "ddp"},
+    }  # fmt: skip
+
+
+def test_a_cpu_file_with_fp16_debug_and_threads():
+    config = translate("distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: fp16\nuse_cpu: true\n"
+                       "debug: true\nnum_cpu_threads_per_process: 1\n")  # fmt: skip
+    assert config == {
+        "num_nodes": 1, "devices": 2, "env": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "OMP_NUM_THREADS": "1"},
+        "trainer": {"precision": "16-mixed", "accelerator": "cpu", "strategy": "ddp"},
+    }  # fmt: skip
+
+
+def test_one_process_and_an_unquoted_no():
+    config = translate("distributed_type: 'NO'\nnum_processes: 1\nmixed_precision: no\nuse_cpu: true\n")
+    assert config == {"num_nodes": 1, "devices": 1, "trainer": {"precision": "32-true", "accelerator": "cpu"}}
+    assert is_accelerate_config(yaml.safe_load(MULTI_GPU)) and not is_accelerate_config({"devices": 2})
+
+
+def test_gpu_ids_become_cuda_visible_devices():
+    config = translate(MULTI_GPU, num_machines=1, machine_rank=0, num_processes=2, gpu_ids="2,3")
+    assert config["env"] == {"CUDA_VISIBLE_DEVICES": "2,3"} and config["devices"] == 2
+
+
+@pytest.fixture
+def sharded_strategies():
+    """Names the sharded strategies will register (their classes are not needed to translate a file)."""
+    from strategies import registry
+
+    saved = dict(registry._REGISTRY)
+    for name in ("zero1", "zero2", "fsdp"):
+        register_strategy(name, "strategies.ddp", "DDPStrategy")
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
+
+
+def test_deepspeed_stages_and_accumulation_map_to_native_strategies(sharded_strategies):
+    for stage, strategy in ((1, "zero1"), (2, "zero2"), (3, "fsdp")):
+        config = translate(MULTI_GPU, distributed_type="DEEPSPEED", deepspeed_config={
+            "zero_stage": stage, "offload_optimizer_device": "none", "offload_param_device": "none",
+            "gradient_accumulation_steps": 4, "zero3_init_flag": False})  # fmt: skip
+        assert config["trainer"] == {"precision": "bf16-mixed", "accelerator": "gpu", "strategy": strategy,
+                                     "accumulate_grad_batches": 4}  # fmt: skip
+
+
+def test_fsdp_sharding_strategies_map_and_tuning_keys_are_ignored_with_a_warning(sharded_strategies):
+    fsdp = {"fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_offload_params": False,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_state_dict_type": "SHARDED_STATE_DICT"}  # fmt: skip
+    with pytest.warns(UserWarning, match="fsdp_auto_wrap_policy, fsdp_state_dict_type are ignored"):
+        config = translate(MULTI_GPU, distributed_type="FSDP", fsdp_config=fsdp)
+    assert config["trainer"]["strategy"] == "zero2"
+    assert translate(MULTI_GPU, distributed_type="FSDP", fsdp_config={})["trainer"]["strategy"] == "fsdp"
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"distributed_type": "XLA"}, "distributed_type: XLA is not supported"),
+    ({"mixed_precision": "fp8"}, "mixed_precision: 'fp8' is not supported"),
+    ({"num_processes": 7}, "num_processes: 7 processes"),
+    ({"machine_rank": 2}, "machine_rank: 2 must be below num_machines: 2"),
+    ({"main_process_port": 70000}, "main_process_port: 70000 is not a TCP port"),
+    ({"use_cpu": True}, "use_cpu: true contradicts distributed_type: MULTI_GPU"),
+    ({"gpu_ids": "0,1"}, "gpu_ids: 2 GPU"),
+    ({"rdzv_backend": "c10d"}, "rdzv_backend: 'c10d'"),
+    ({"compute_environment": "AMAZON_SAGEMAKER"}, "compute_environment: 'AMAZON_SAGEMAKER' cannot be honoured"),
+    ({"downcast_bf16": "yes"}, "downcast_bf16: 'yes' cannot be honoured"),
+    ({"dynamo_backend": "INDUCTOR"}, "dynamo_backend: 'INDUCTOR' cannot be honoured"),
+    ({"tpu_use_cluster": True}, "tpu_use_cluster: True cannot be honoured"),
+    ({"num_processs": 2}, "num_processs: is not an Accelerate config key.*Did you mean 'num_processes'"),
+    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "offload_optimizer_device": "cpu"}},
+     "deepspeed_config.offload_optimizer_device: 'cpu': offloading is not supported"),
+    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 3, "offload_param_device": "nvme"}},
+     "deepspeed_config.offload_param_device: 'nvme'"),
+    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 5}}, "deepspeed_config.zero_stage: 5"),
+    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 1, "gradient_accumulation_steps": 0}},
+     "deepspeed_config.gradient_accumulation_steps: 0 must be an int >= 1"),
+    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"deepspeed_config_file": "ds.json"}},
+     "deepspeed_config.deepspeed_config_file: cannot be honoured"),
+    ({"distributed_type": "FSDP", "fsdp_config": {"fsdp_offload_params": True}}, "fsdp_config.fsdp_offload_params"),
+    ({"distributed_type": "FSDP", "fsdp_config": {"fsdp_sharding_strategy": "HYBRID_SHARD"}},
+     "fsdp_config.fsdp_sharding_strategy: HYBRID_SHARD is not supported"),
+])  # fmt: skip
+def test_what_cannot_be_honoured_is_an_error_naming_the_key(sharded_strategies, changes, key):
+    with pytest.raises(ConfigurationError, match=f"^acc.yaml: {key}"):
+        translate(MULTI_GPU, **changes)
+
+
+def test_a_sharded_type_without_its_strategy_says_so():
+    with pytest.raises(ConfigurationError, match="deepspeed_config.zero_stage: needs strategy 'zero2'.*Available"):
+        translate(MULTI_GPU, distributed_type="DEEPSPEED", deepspeed_config={"zero_stage": 2})

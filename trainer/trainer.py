@@ -31,6 +31,7 @@ from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module import TrainModule
 from trainer.optimizers import SchedulerConfig, parse_optimizers
 from trainer.seed import isolated_rng, seed_everything
+from trainer.launch_defaults import with_launch_defaults
 
 
 class Trainer:
@@ -38,8 +39,10 @@ class Trainer:
 
     ``Trainer(devices=4, precision=16, accumulate_grad_batches=16).fit(module, train_loader, val_loader)``.
     Every argument is validated here, with an error naming the argument and what would be valid.
+    Under ``trainer run``/``trainer slurm`` the launcher's settings fill the arguments the script leaves out.
     """
 
+    @with_launch_defaults
     def __init__(
         self,
         accelerator: str = "auto",
@@ -122,6 +125,17 @@ class Trainer:
         self.callbacks: list[Callback] = build_callbacks(
             callbacks, self.enable_checkpointing, self.enable_progress_bar, self.enable_model_summary
         )
+
+    @classmethod
+    def from_config(cls, config: Union[str, os.PathLike, dict[str, Any], None] = None, **defaults: Any) -> "Trainer":
+        """Build a Trainer from an experiment file's ``trainer:`` section (see :mod:`trainer.yaml_config`).
+
+        ``config=None`` takes the file given to ``trainer run --config``; ``defaults`` are overridden by the
+        file, which is overridden by ``--trainer.*`` arguments. Unknown keys are errors listing the valid ones.
+        """
+        from trainer.yaml_config import build_from_config
+
+        return build_from_config(cls, config, defaults)
 
     # ------------------------------------------------------------------ entry points
     def fit(

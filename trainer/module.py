@@ -334,6 +334,11 @@ class TrainModule(nn.Module):
         algorithm = gradient_clip_algorithm or "norm"
         if algorithm not in ("norm", "value"):
             raise ConfigurationError(f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
+        from trainer.loops.optimization import ManualOptimizer  # here: that module imports this one
+
+        if isinstance(optimizer, ManualOptimizer):
+            # The gradient scaler tracks "unscaled already" per optimizer object: it must see the one step() uses.
+            optimizer = optimizer.optimizer
         self.trainer.strategy.clip_gradients(optimizer, float(gradient_clip_val), algorithm)
 
     # ------------------------------------------------------------------ hyperparameters and checkpoints

@@ -1,0 +1,52 @@
+"""The reference documentation covers every public Trainer argument, method and property and every
+TrainModule hook, and the README opens with the two set-up commands."""
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+from callbacks.callback import CALLBACK_HOOKS
+from trainer import Trainer, TrainModule
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = (ROOT / "docs" / "reference.md").read_text()
+
+
+def _documented_names() -> set[str]:
+    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)", REFERENCE))
+
+
+def _slash_names() -> set[str]:
+    # "on_validation_start/end()" documents on_validation_start and on_validation_end
+    names = set()
+    for stem, tails in re.findall(r"`(on_[a-z_]+?_)(start|end)/(?:start|end)", REFERENCE):
+        names.update({stem + "start", stem + "end"})
+    return names
+
+
+def test_every_trainer_argument_is_documented():
+    documented = _documented_names()
+    arguments = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
+    missing = [a for a in arguments if a not in documented]
+    assert not missing, f"Trainer arguments missing from docs/reference.md: {missing}"
+
+
+def test_every_public_trainer_method_and_property_is_documented():
+    documented = _documented_names()
+    public = [name for name, _ in inspect.getmembers(Trainer) if not name.startswith("_")]
+    missing = [name for name in public if name not in documented]
+    assert not missing, f"Trainer members missing from docs/reference.md: {missing}"
+
+
+def test_every_module_hook_is_documented():
+    documented = _documented_names() | _slash_names()
+    module_hooks = [h for h in CALLBACK_HOOKS if hasattr(TrainModule, h)]
+    missing = [h for h in module_hooks if h not in documented]
+    assert not missing, f"TrainModule hooks missing from docs/reference.md: {missing}"
+
+
+def test_readme_opens_with_the_two_setup_commands():
+    readme = (ROOT / "README.md").read_text()
+    head = readme[:800]
+    assert "make demo" in head and "make test" in head

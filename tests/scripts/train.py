@@ -1,12 +1,14 @@
 """Launched by the launch/SLURM tests: a tiny regression fit whose Trainer gets devices/num_nodes from the launcher.
 
-``python train.py OUT [--steps N] [--pause S] [--ready-at K]`` trains, and global rank 0 writes the final
+``python train.py OUT [--steps N] [--pause S] [--ready-at K] [--user-handler]`` trains, and global rank 0 writes the final
 weights to ``OUT/weights-<SLURM_RESTART_COUNT or 0>.pt``. Without ``--steps`` the Trainer's ``max_steps``
-must come from the launcher (config file or ``--trainer.max_steps``). ``--pause`` sleeps after every step (so a test can
+must come from the launcher (config file or ``--trainer.max_steps``). ``--user-handler`` installs a SIGUSR1
+handler of the script's own that touches ``OUT/user-handler-<rank>`` (the Trainer must chain it). ``--pause`` sleeps after every step (so a test can
 signal mid-training); ``--ready-at K`` makes rank 0 touch ``OUT/ready`` after step K of the first run.
 """
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -39,9 +41,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--pause", type=float, default=0.0)
     parser.add_argument("--ready-at", type=int, default=-1)
+    parser.add_argument("--user-handler", action="store_true")
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
+    if args.user_handler:
+        rank = os.environ.get("SLURM_PROCID", "0")
+        signal.signal(signal.SIGUSR1, lambda *_: Path(args.out, f"user-handler-{rank}").touch())
     torch.manual_seed(0)
     model = Paced(args.pause, args.ready_at, args.out)
     data = DataLoader(regression_data(n=64), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))

@@ -25,6 +25,16 @@ def job_log(folder: Path, job_id: int) -> str:
     return path.read_text() if path.exists() else "(no log)"
 
 
+def wait_until_ready(cluster, job_id: int, out: Path, folder: Path, timeout: float = 120) -> None:
+    """Wait until the job's first run has passed step 2 (``--ready-at 2``)."""
+    deadline = time.monotonic() + timeout
+    while not (out / "ready").exists():
+        state = cluster.job(job_id)["JobState"]
+        if time.monotonic() > deadline or state not in ("PENDING", "RUNNING"):
+            pytest.fail(f"training did not reach step 2 (job {state}):\n{job_log(folder, job_id)}")
+        time.sleep(0.2)
+
+
 def test_sbatch_two_tasks_equals_two_processes_without_slurm(slurm_cluster, tmp_path):
     job_id, out = submit_training(slurm_cluster, tmp_path, "--devices-per-node", "2")
     info = slurm_cluster.wait(job_id, timeout=180)
@@ -34,18 +44,15 @@ def test_sbatch_two_tasks_equals_two_processes_without_slurm(slurm_cluster, tmp_
 
 def test_requeue_on_sigusr1_resumes_to_the_uninterrupted_weights(slurm_cluster, tmp_path):
     job_id, out = submit_training(slurm_cluster, tmp_path, "--devices-per-node", "2",
-                                  script_args=("--pause", "0.5", "--ready-at", "2"))  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not (out / "ready").exists():
-        if time.monotonic() > deadline or slurm_cluster.job(job_id)["JobState"] not in ("PENDING", "RUNNING"):
-            pytest.fail(f"training did not reach step 2: {slurm_cluster.job(job_id)['JobState']}\n{job_log(tmp_path, job_id)}")
-        time.sleep(0.2)
+                                  script_args=("--pause", "0.5", "--ready-at", "2", "--user-handler"))  # fmt: skip
+    wait_until_ready(slurm_cluster, job_id, out, tmp_path)
     slurm_cluster.command("scancel", "--signal=USR1", str(job_id))  # what --signal=USR1@90 does before the limit
     info = slurm_cluster.wait(job_id, timeout=240)
     log = job_log(tmp_path, job_id)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log
     assert f"[trainer] job {job_id}, restart 1" in log and "requeue" in log.lower()
     assert not (out / "weights-0.pt").exists(), "the first run must have stopped before the end"
+    assert (out / "user-handler-0").exists() and (out / "user-handler-1").exists(), "the script's handler is chained"
     assert_same_weights(load_weights(out / "weights-1.pt"), reference())
 
 
@@ -54,3 +61,13 @@ def test_two_emulated_nodes_one_task_each(two_node_cluster, tmp_path):
     info = two_node_cluster.wait(job_id, timeout=180)
     assert info["JobState"] == "COMPLETED" and info["NodeList"] == "node[1-2]", job_log(tmp_path, job_id)
     assert_same_weights(load_weights(out / "weights-0.pt"), reference())
+
+
+def test_sigterm_saves_and_exits_without_requeue(slurm_cluster, tmp_path):
+    job_id, out = submit_training(slurm_cluster, tmp_path, "--devices-per-node", "2",
+                                  script_args=("--pause", "0.5", "--ready-at", "2"))  # fmt: skip
+    wait_until_ready(slurm_cluster, job_id, out, tmp_path)
+    slurm_cluster.command("scancel", "--signal=TERM", str(job_id))
+    info = slurm_cluster.wait(job_id, timeout=120)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", job_log(tmp_path, job_id)
+    assert (out / "checkpoints" / "interrupted.ckpt").exists() and not (out / "weights-0.pt").exists()

@@ -170,6 +170,8 @@ class SlurmCluster:
             # Trust the configured CPUs/memory: node1 and node2 share this machine's cores.
             "SlurmdParameters=config_overrides",
             "SchedulerType=sched/backfill",
+            # A requeued job waits for its BeginTime; the default loops (60 s main, 30 s backfill) would add that much.
+            "SchedulerParameters=sched_interval=2,bf_interval=1",
             "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/none",

@@ -134,11 +134,14 @@ def build_callbacks(
                 "and override the hooks you need."
             )
     import callbacks as callbacks_pkg
+    from callbacks.fit_report import FitReport
+    from callbacks.model_summary import ModelSummary
+    from callbacks.rich_progress import RichProgressBar
 
+    checkpoint_cls = getattr(callbacks_pkg, "ModelCheckpoint", None)
     defaults: list[Callback] = []
-    for enabled, name in ((enable_model_summary, "ModelSummary"), (enable_progress_bar, "RichProgressBar"),
-                          (enable_checkpointing, "ModelCheckpoint")):  # fmt: skip
-        cls = getattr(callbacks_pkg, name, None)
+    for enabled, cls in ((enable_model_summary, ModelSummary), (enable_progress_bar, RichProgressBar),
+                         (enable_checkpointing, checkpoint_cls), (enable_progress_bar, FitReport)):  # fmt: skip
         if enabled and cls is not None and not any(isinstance(cb, cls) for cb in user):
             defaults.append(cls())
     if not enable_checkpointing:

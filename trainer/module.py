@@ -20,8 +20,6 @@ from trainer.hparams import AttributeDict, collect_init_args, plain_hparams
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer
 
-_LOG_WARNED = False
-
 
 class TrainModule(nn.Module):
     """Subclass this and implement ``training_step`` and ``configure_optimizers``; the Trainer does the rest.
@@ -272,7 +270,9 @@ class TrainModule(nn.Module):
         """
         results = self._trainer._results if self._trainer is not None else None
         if results is None:
-            _warn_not_attached(name)
+            if not self.__dict__.get("_log_warned"):
+                self.__dict__["_log_warned"] = True  # once per module, not per call
+                _warn_not_attached(name)
             return
         results.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, add_dataloader_idx)
 
@@ -380,10 +380,7 @@ class TrainModule(nn.Module):
 
 
 def _warn_not_attached(name: str) -> None:
-    global _LOG_WARNED
-    if not _LOG_WARNED:
-        warnings.warn(
-            f"self.log({name!r}, ...) was called on a module that is not run by a Trainer; the value is ignored.",
-            stacklevel=3,
-        )
-        _LOG_WARNED = True
+    warnings.warn(
+        f"self.log({name!r}, ...) was called on a module that is not run by a Trainer; the value is ignored.",
+        stacklevel=4,
+    )

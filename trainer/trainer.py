@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -121,6 +121,9 @@ class Trainer:
         self.num_training_batches: float = 0
         self._val_enabled = False
         self._hooks: Optional[HookDispatcher] = None
+        #: Functions ``iterator -> iterator`` applied to each epoch's training iterator (e.g. to time ``next()``);
+        #: applied once per epoch, so the loop pays nothing when the list is empty.
+        self.train_iterator_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self.loggers: list[Logger] = build_loggers(logger, self.default_root_dir, self.fast_dev_run)
         self.callbacks: list[Callback] = build_callbacks(
             callbacks, self.enable_checkpointing, self.enable_progress_bar, self.enable_model_summary
@@ -326,11 +329,8 @@ class Trainer:
                 "fit() has no training data: pass train_dataloaders=..., a datamodule with train_dataloader(), "
                 "or implement train_dataloader() on the module."
             )
-        data_utils.check_iterable(train, "train_dataloaders")
+        self._set_train_dataloader(train, "train_dataloaders")
         sampler_kwargs = self.strategy.distributed_sampler_kwargs
-        self._train_dataloader = data_utils.prepare_loader(train, sampler_kwargs, True, self.use_distributed_sampler)
-        self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
-                                                               "limit_train_batches")  # fmt: skip
         self._val_dataloaders, self._val_batch_limits = [], []
         if overrides(model, TrainModule, "validation_step") and self.limit_val_batches != 0:
             loaders = data_utils.as_loader_list(val) or data_utils.as_loader_list(
@@ -376,7 +376,24 @@ class Trainer:
             self._manual_optimizers = [ManualOptimizer(opt, self) for opt in self._optimizers]
 
     def _train_iterator(self, epoch: int, start_batch: int) -> Any:
-        return self._checkpoint.train_iterator(self._train_dataloader, epoch, start_batch)
+        iterator = self._checkpoint.train_iterator(self._train_dataloader, epoch, start_batch)
+        for wrap in self.train_iterator_wrappers:
+            iterator = wrap(iterator)
+        return iterator
+
+    def reset_train_dataloader(self, loader: Any) -> None:
+        """Train on ``loader`` from now on (e.g. set in ``on_fit_start`` by a callback that changed the batch
+        size); it is split across ranks like the original and ``num_training_batches`` is recomputed."""
+        if self.module is None or self.state_stage != "fit":
+            raise RuntimeError("reset_train_dataloader() can only be called while fit() runs.")
+        self._set_train_dataloader(loader, "reset_train_dataloader(loader)")
+
+    def _set_train_dataloader(self, loader: Any, argument: str) -> None:
+        data_utils.check_iterable(loader, argument)
+        self._train_dataloader = data_utils.prepare_loader(loader, self.strategy.distributed_sampler_kwargs, True,
+                                                           self.use_distributed_sampler)  # fmt: skip
+        self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
+                                                               "limit_train_batches")  # fmt: skip
 
     def _run_sanity_check(self) -> None:
         steps = self.num_sanity_val_steps
@@ -454,6 +471,7 @@ class Trainer:
             params.update(dict(self.datamodule.hparams))
         for logger in self.loggers:
             logger.log_hyperparams(params)
+            logger.log_graph(model)  # a no-op unless the logger was asked to, e.g. TensorBoardLogger(log_graph=True)
 
     def _finalize_loggers(self, status: str) -> None:
         if self.is_global_zero:

@@ -1,0 +1,95 @@
+"""``FitReport``: a table at the end of fit with what a run's owner asks first: how long, how fast, how big,
+and where the best checkpoint is."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any, Optional
+
+from callbacks import memory_stats
+from callbacks.callback import Callback
+from callbacks.throughput_monitor import ThroughputMonitor
+
+
+class FitReport(Callback):
+    """Print a rich table when fit ends (global rank 0): duration, epochs and optimizer steps, throughput,
+    data-wait share, peak memory, the best checkpoint and the 16-mixed steps skipped for inf/nan gradients.
+
+    Throughput in samples/s and the data-wait share come from a :class:`ThroughputMonitor` when one is
+    among the callbacks; otherwise optimizer steps per second are shown. Added by default with the progress
+    bar (``enable_progress_bar=True``). The rows are kept in :attr:`rows`.
+    """
+
+    def __init__(self, console: Any = None) -> None:
+        self.console = console
+        self.rows: list[tuple[str, str]] = []
+        self._fit_start = 0.0
+        self._train_start: Optional[float] = None
+        self._train_end: Optional[float] = None
+
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        self._fit_start = time.monotonic()
+        self._train_start = self._train_end = None
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        self._train_start = time.monotonic()
+
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        self._train_end = time.monotonic()
+
+    def on_fit_end(self, trainer: Any, module: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        self.rows = self.collect(trainer)
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="Fit report", title_justify="left", show_header=False, box=None, padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        for label, value in self.rows:
+            table.add_row(label, value)
+        (self.console if self.console is not None else Console()).print(table)
+
+    def collect(self, trainer: Any) -> list[tuple[str, str]]:
+        """The report's ``(label, value)`` rows."""
+        now = time.monotonic()
+        rows = [("Duration", _clock(now - self._fit_start)),
+                ("Epochs / steps", f"{_plural(trainer.current_epoch, 'epoch')}, "
+                                   f"{_plural(trainer.global_step, 'optimizer step')}")]  # fmt: skip
+        monitor = next((cb for cb in trainer.callbacks if isinstance(cb, ThroughputMonitor)), None)
+        totals = monitor.totals() if monitor is not None else {}
+        if totals:
+            rate = f"{totals['samples_per_sec']:,.1f} samples/s, {totals['batches_per_sec']:,.2f} batches/s"
+            rows.append(("Throughput", rate))
+            rows.append(("Data wait", f"{totals['data_wait_share']:.1%} of training time"))
+        else:
+            train_time = (self._train_end or now) - (self._train_start or now)
+            if train_time > 0:
+                rate = f"{trainer.global_step / train_time:,.2f} optimizer steps/s (incl. validation)"
+                rows.append(("Throughput", rate))
+            rows.append(("Data wait", "not measured (add callbacks.ThroughputMonitor())"))
+        memory = []
+        cuda = memory_stats.cuda_stats(trainer.strategy.root_device)
+        if cuda:
+            memory.append(f"CUDA max allocated {memory_stats.format_bytes(cuda['max_allocated'])}")
+        peak_rss = memory_stats.peak_rss_bytes()
+        if peak_rss is not None:
+            memory.append(f"process peak RSS {memory_stats.format_bytes(peak_rss)}")
+        rows.append(("Peak memory", ", ".join(memory) or "-"))
+        callback = trainer.checkpoint_callback  # None without checkpointing: every getattr falls back
+        best = getattr(callback, "best_model_path", "") or "-"
+        score, monitor = getattr(callback, "best_model_score", None), getattr(callback, "monitor", None)
+        if best != "-" and score is not None and monitor:
+            best += f" ({monitor}={float(score):.4g})"
+        rows.append(("Best checkpoint", best))
+        rows.append(("Skipped fp16 steps", str(trainer.skipped_steps)))
+        return rows
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _clock(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))

@@ -1,0 +1,161 @@
+"""``LearningRateFinder``: the learning-rate range test, run before training, with a plot and a suggestion."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import warnings
+from typing import Any, Optional
+
+from callbacks.callback import Callback
+from callbacks.lr_scaling import record_hparam, scale_learning_rates
+from callbacks.trial_steps import TrialSteps
+from strategies.errors import ConfigurationError
+
+
+def suggest_lr(lrs: list[float], losses: list[float], skip_begin: int = 10, skip_end: int = 1) -> Optional[float]:
+    """The learning rate where the (smoothed) loss falls fastest per step of the range: the point of most
+    negative slope before the loss's minimum, ignoring the noisy first ``skip_begin`` and last ``skip_end``
+    points."""
+    points = [(lr, loss) for lr, loss in zip(lrs, losses) if math.isfinite(loss)]
+    if len(points) < 3:
+        return None
+    lowest = min(range(len(points)), key=lambda i: points[i][1])
+    end = min(len(points) - skip_end, lowest + 2)
+    begin = skip_begin if end - skip_begin >= 3 else 0
+    best, best_slope = None, math.inf
+    for i in range(max(begin, 1), end - 1):
+        slope = (points[i + 1][1] - points[i - 1][1]) / 2
+        if slope < best_slope:
+            best, best_slope = points[i][0], slope
+    return best
+
+
+class LearningRateFinder(Callback):
+    """Before training, raise the learning rate from ``min_lr`` to ``max_lr`` over ``num_training_steps``
+    steps (exponentially, or ``mode="linear"``), record the loss, and suggest the rate where it falls fastest.
+
+    The run stops early once the smoothed loss exceeds ``early_stop_threshold`` times its best (it diverged).
+    The curve is saved as ``lr_find.csv`` and, with matplotlib installed, ``lr_find.png`` in
+    ``trainer.log_dir``. With ``update_attr=True`` the optimizer's learning rates are scaled so the first
+    parameter group uses the suggestion (and a module attribute or hyperparameter ``lr``/``learning_rate``
+    records it). Every other effect of the test (weights, optimizer state, RNG) is undone. Single device
+    only; runs only on a fresh fit. Results: :attr:`results` (``{"lr": [...], "loss": [...]}``), :attr:`suggestion`.
+    """
+
+    def __init__(
+        self,
+        min_lr: float = 1e-8,
+        max_lr: float = 1.0,
+        num_training_steps: int = 100,
+        mode: str = "exponential",
+        early_stop_threshold: Optional[float] = 4.0,
+        update_attr: bool = True,
+        smoothing: float = 0.05,
+    ) -> None:
+        if not 0 < min_lr < max_lr:
+            raise ConfigurationError(
+                f"LearningRateFinder: need 0 < min_lr < max_lr; got min_lr={min_lr}, max_lr={max_lr}."
+            )
+        if mode not in ("exponential", "linear"):
+            raise ConfigurationError(f"LearningRateFinder(mode={mode!r}) must be 'exponential' or 'linear'.")
+        if num_training_steps < 3:
+            raise ConfigurationError("LearningRateFinder: num_training_steps must be >= 3.")
+        self.min_lr, self.max_lr = min_lr, max_lr
+        self.num_training_steps = num_training_steps
+        self.mode = mode
+        self.early_stop_threshold = early_stop_threshold
+        self.update_attr = update_attr
+        self.smoothing = smoothing
+        self.results: dict[str, list[float]] = {"lr": [], "loss": []}
+        self.suggestion: Optional[float] = None
+        self.plot_path: Optional[str] = None
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of range-test step ``step``."""
+        fraction = step / (self.num_training_steps - 1)
+        if self.mode == "linear":
+            return self.min_lr + fraction * (self.max_lr - self.min_lr)
+        return self.min_lr * (self.max_lr / self.min_lr) ** fraction
+
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        if trainer.global_step > 0:
+            return  # resumed: keep the run's learning rate
+        self.run(trainer, module)
+        if trainer.is_global_zero:
+            self.save(trainer.log_dir)
+            unchanged = "no suggestion (the loss never fell); the learning rate is unchanged"
+            print(f"LearningRateFinder: suggested learning rate {self.suggestion:.3g}" if self.suggestion
+                  else f"LearningRateFinder: {unchanged}")  # fmt: skip
+        if self.update_attr and self.suggestion:
+            first = trainer.optimizers[0].param_groups[0]["lr"]
+            scale_learning_rates(trainer, self.suggestion / first)
+            record_hparam(module, ("lr", "learning_rate"), self.suggestion)
+
+    def run(self, trainer: Any, module: Any) -> None:
+        """The range test itself: fills :attr:`results` and :attr:`suggestion`, then undoes its training."""
+        trials = TrialSteps(trainer, module)
+        groups = trials.optimizer.param_groups
+        ratios = [group["lr"] / groups[0]["lr"] if groups[0]["lr"] else 1.0 for group in groups]
+        lrs: list[float] = []
+        losses: list[float] = []
+        average, best = 0.0, math.inf
+        try:
+            batches = _cycle(trainer.train_dataloader)
+            for step in range(self.num_training_steps):
+                lr = self.lr_at(step)
+                for group, ratio in zip(groups, ratios):
+                    group["lr"] = lr * ratio
+                loss = float(trials.step(next(batches)))  # the test needs every loss: one sync per step
+                average = (1 - self.smoothing) * average + self.smoothing * loss
+                smoothed = average / (1 - (1 - self.smoothing) ** (step + 1))
+                lrs.append(lr)
+                losses.append(smoothed)
+                if not math.isfinite(smoothed):
+                    break
+                best = min(best, smoothed)
+                if self.early_stop_threshold is not None and step > 0 and smoothed > self.early_stop_threshold * best:
+                    break
+        finally:
+            trials.restore()
+        self.results = {"lr": lrs, "loss": losses}
+        self.suggestion = suggest_lr(lrs, losses)
+
+    def save(self, folder: str) -> None:
+        """Write ``lr_find.csv`` and, when matplotlib is installed, ``lr_find.png`` into ``folder``."""
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "lr_find.csv"), "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["lr", "loss"])
+            writer.writerows(zip(self.results["lr"], self.results["loss"]))
+        try:
+            from matplotlib.figure import Figure  # no pyplot: no global backend or window is touched
+        except ImportError:
+            warnings.warn("LearningRateFinder: install matplotlib for lr_find.png; lr_find.csv has the curve.",
+                          stacklevel=2)  # fmt: skip
+            return
+        figure = Figure(figsize=(6, 4), tight_layout=True)
+        axes = figure.add_subplot()
+        axes.plot(self.results["lr"], self.results["loss"])
+        if self.mode == "exponential":
+            axes.set_xscale("log")
+        if self.suggestion:
+            index = self.results["lr"].index(self.suggestion)
+            label = f"suggestion {self.suggestion:.3g}"
+            axes.plot([self.suggestion], [self.results["loss"][index]], "o", color="red", label=label)
+            axes.legend()
+        axes.set_xlabel("learning rate")
+        axes.set_ylabel("loss (smoothed)")
+        self.plot_path = os.path.join(folder, "lr_find.png")
+        figure.savefig(self.plot_path)
+
+
+def _cycle(loader: Any) -> Any:
+    """Batches of ``loader`` again and again (the test may need more steps than one epoch has)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ConfigurationError("LearningRateFinder: the training dataloader is empty.")

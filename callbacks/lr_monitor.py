@@ -1,0 +1,76 @@
+"""``LearningRateMonitor``: logs every optimizer's learning rate (per parameter group) as training goes."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Optional
+
+from callbacks.callback import Callback
+from strategies.errors import ConfigurationError
+
+
+class LearningRateMonitor(Callback):
+    """Log ``lr-<Optimizer>`` (``lr-<Optimizer>/pg<i>`` with several parameter groups) to the loggers.
+
+    ``logging_interval="step"`` logs, at the Trainer's logging steps (``log_every_n_steps``), the rate that
+    step used; ``"epoch"`` logs at each epoch start; ``None`` picks "step" when a scheduler steps per
+    step, else "epoch". Optionally also momentum (or Adam's ``beta1``) and weight decay. Values also
+    appear in ``trainer.callback_metrics``.
+    """
+
+    def __init__(
+        self, logging_interval: Optional[str] = None, log_momentum: bool = False, log_weight_decay: bool = False
+    ) -> None:
+        if logging_interval not in (None, "step", "epoch"):
+            raise ConfigurationError(
+                f"LearningRateMonitor(logging_interval={logging_interval!r}) must be None, 'step' or 'epoch'."
+            )
+        self.logging_interval = logging_interval
+        self.log_momentum = log_momentum
+        self.log_weight_decay = log_weight_decay
+        self._interval = logging_interval or "epoch"
+        self._names: list[list[str]] = []
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        if self.logging_interval is None:
+            step_scheduled = any(c.interval == "step" for c in trainer.lr_scheduler_configs)
+            self._interval = "step" if step_scheduled else "epoch"
+        self._names = _group_names(trainer.optimizers)
+
+    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+        if self._interval == "epoch":
+            module.log_dict(self.current_values(trainer), on_step=False, on_epoch=True)
+
+    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+        # Read before the step, so the value logged for step N is the rate step N used.
+        if self._interval == "step" and (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
+            module.log_dict(self.current_values(trainer), on_step=True, on_epoch=False)
+
+    def current_values(self, trainer: Any) -> dict[str, float]:
+        """``{name: value}`` for every optimizer's parameter groups, as they are now."""
+        if not self._names:
+            self._names = _group_names(trainer.optimizers)
+        values: dict[str, float] = {}
+        for optimizer, names in zip(trainer.optimizers, self._names):
+            for group, name in zip(optimizer.param_groups, names):
+                values[name] = float(group["lr"])
+                if self.log_momentum:
+                    momentum = group.get("momentum", group.get("betas", (None,))[0])
+                    if momentum is not None:
+                        values[f"{name}-momentum"] = float(momentum)
+                if self.log_weight_decay and "weight_decay" in group:
+                    values[f"{name}-weight_decay"] = float(group["weight_decay"])
+        return values
+
+
+def _group_names(optimizers: list[Any]) -> list[list[str]]:
+    """``lr-SGD``, ``lr-SGD-1`` for a second SGD, ``/pg<i>`` suffixes when an optimizer has several groups."""
+    seen: Counter[str] = Counter()
+    names: list[list[str]] = []
+    for optimizer in optimizers:
+        inner = getattr(optimizer, "optimizer", optimizer)  # a wrapper (e.g. ZeRO) exposes the torch optimizer
+        kind = type(inner).__name__
+        base = f"lr-{kind}" + (f"-{seen[kind]}" if seen[kind] else "")
+        seen[kind] += 1
+        groups = optimizer.param_groups
+        names.append([base] if len(groups) == 1 else [f"{base}/pg{i + 1}" for i in range(len(groups))])
+    return names

@@ -1,0 +1,91 @@
+"""``CSVLogger``: ``metrics.csv`` (one row per logging call, one column per metric) and ``hparams.yaml``
+in ``save_dir/name/version_N``. Needs nothing beyond the standard library (and PyYAML for hparams)."""
+from __future__ import annotations
+
+import csv
+import os
+from typing import Any, Optional, Union
+
+from loggers.run_folder import FolderLogger, plain_value, save_hparams_yaml
+from strategies.rank import rank_zero_only
+
+
+class CSVLogger(FolderLogger):
+    """Log metrics to ``metrics.csv``; readable with ``pandas.read_csv`` or any spreadsheet.
+
+    Rows are buffered and written every ``flush_logs_every_n_steps`` logging calls and when the run
+    ends. A metric first logged mid-run (e.g. validation metrics after the first epoch) adds a column:
+    the file is then rewritten once with the wider header, earlier rows leaving the new column empty.
+    """
+
+    def __init__(
+        self,
+        save_dir: Union[str, os.PathLike],
+        name: Optional[str] = "logs",
+        version: Union[int, str, None] = None,
+        flush_logs_every_n_steps: int = 100,
+    ) -> None:
+        super().__init__(save_dir, name, version)
+        self._flush_every = max(int(flush_logs_every_n_steps), 1)
+        self._rows: list[dict[str, Any]] = []
+        self._columns: list[str] = []  # header of the file on disk
+        self._hparams: dict[str, Any] = {}
+
+    @property
+    def metrics_file_path(self) -> str:
+        """Path of ``metrics.csv``."""
+        return os.path.join(self.log_dir, "metrics.csv")
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+        """Buffer one row: ``step`` and the metrics."""
+        row: dict[str, Any] = {"step": step}
+        for key, value in metrics.items():
+            row[key] = plain_value(value)
+        self._rows.append(row)
+        if len(self._rows) >= self._flush_every:
+            self.save()
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any], metrics: Optional[dict[str, float]] = None) -> None:
+        """Write ``hparams.yaml`` (and ``metrics`` as a row at step 0)."""
+        self._hparams.update(params)
+        save_hparams_yaml(os.path.join(self._folder.create(), "hparams.yaml"), self._hparams)
+        if metrics:
+            self.log_metrics(metrics, 0)
+
+    @rank_zero_only
+    def save(self) -> None:
+        """Write buffered rows: append when the columns are known, else rewrite the file with the new header."""
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        columns = list(self._columns)
+        known = set(columns)
+        for row in rows:
+            for key in row:
+                if key not in known:
+                    known.add(key)
+                    columns.append(key)
+        path = os.path.join(self._folder.create(), "metrics.csv")
+        if columns == self._columns and os.path.exists(path):
+            with open(path, "a", newline="", encoding="utf-8") as fh:
+                csv.DictWriter(fh, fieldnames=columns).writerows(rows)
+            return
+        previous: list[dict[str, Any]] = []
+        if self._columns and os.path.exists(path):
+            with open(path, newline="", encoding="utf-8") as fh:
+                previous = list(csv.DictReader(fh))
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(previous)
+            writer.writerows(rows)
+        os.replace(tmp, path)
+        self._columns = columns
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        """Write what is buffered."""
+        self.save()

@@ -1,0 +1,137 @@
+"""Versioned run folders (``save_dir/name/version_N``) and the hyperparameter file written into them."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Mapping, Optional, Union
+
+from loggers.logger import Logger
+from strategies.rank import rank_zero_only
+
+_VERSION = re.compile(r"^version_(\d+)$")
+
+
+def next_version(root: Union[str, os.PathLike]) -> int:
+    """One more than the highest ``version_N`` folder under ``root`` (0 when there is none)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return 0
+    found = [int(m.group(1)) for m in map(_VERSION.match, names) if m and os.path.isdir(os.path.join(root, m.group(0)))]
+    return max(found) + 1 if found else 0
+
+
+class RunFolder:
+    """Where one logger writes: ``save_dir/name/version`` with the version resolved on first use.
+
+    The version is chosen lazily (first access of :attr:`version`/:attr:`path`), so two Trainers built one
+    after the other and fitted in turn get ``version_0`` and ``version_1``; it is fixed before the logger
+    is pickled, so spawned ranks use the parent's. Only global rank 0 creates the folder. A rank started
+    separately (torchrun, srun) resolves its own version: it matches rank 0's when read before rank 0
+    first writes (e.g. during set-up), so code that needs the same path on every rank should broadcast it.
+    """
+
+    def __init__(self, save_dir: Union[str, os.PathLike], name: Optional[str], version: Union[int, str, None]) -> None:
+        self.save_dir = os.fspath(save_dir)
+        self.name = name or ""
+        self._version = version
+
+    @property
+    def root(self) -> str:
+        """``save_dir/name`` (``save_dir`` when the name is empty)."""
+        return os.path.join(self.save_dir, self.name) if self.name else self.save_dir
+
+    @property
+    def version(self) -> Union[int, str]:
+        """The version given, or the next free ``version_N`` number under :attr:`root`."""
+        if self._version is None:
+            self._version = next_version(self.root)
+        return self._version
+
+    @property
+    def path(self) -> str:
+        """This run's folder: ``root/version_N`` (or ``root/<version>`` for a string version)."""
+        version = self.version
+        return os.path.join(self.root, version if isinstance(version, str) else f"version_{version}")
+
+    def __getstate__(self) -> dict:
+        self.version  # noqa: B018 - resolve now: a spawned rank must not pick a different version
+        return dict(self.__dict__)
+
+    def create(self) -> str:
+        """Make the folder (global rank 0 only) and return its path."""
+        path = self.path
+        if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
+            os.makedirs(path, exist_ok=True)
+        return path
+
+
+class FolderLogger(Logger):
+    """Base of the loggers that write into a :class:`RunFolder`: ``name``, ``version``, ``save_dir`` and
+    ``log_dir`` come from it."""
+
+    def __init__(self, save_dir: Union[str, os.PathLike], name: Optional[str], version: Union[int, str, None]) -> None:
+        self._folder = RunFolder(save_dir, name, version)
+
+    @property
+    def name(self) -> str:
+        """Experiment name (the folder under ``save_dir``)."""
+        return self._folder.name
+
+    @property
+    def version(self) -> Union[int, str]:
+        """Run version: the ``N`` of ``version_N``."""
+        return self._folder.version
+
+    @property
+    def save_dir(self) -> str:
+        """Root folder given to the logger."""
+        return self._folder.save_dir
+
+    @property
+    def log_dir(self) -> str:
+        """This run's folder, ``save_dir/name/version_N``."""
+        return self._folder.path
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts become ``"outer/inner"`` keys; values stay as given."""
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_params(value, f"{name}/"))
+        else:
+            flat[name] = value
+    return flat
+
+
+def plain_value(value: Any) -> Union[bool, int, float, str, None]:
+    """A value every backend accepts: numbers, strings, bools and None pass; a one-element tensor becomes a
+    number; anything else (lists, dtypes, objects) its ``str``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    numel = getattr(value, "numel", None)
+    if callable(numel) and numel() == 1:
+        return value.item()
+    return str(value)
+
+
+def save_hparams_yaml(path: str, params: Mapping[str, Any]) -> None:
+    """Write ``params`` as YAML (nested dicts kept, other values made plain) to ``path``; rank 0 only."""
+    if rank_zero_only.rank != 0:  # type: ignore[attr-defined]
+        return
+    import yaml  # only when a run records hyperparameters
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return plain_value(value)
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(plain(dict(params)), fh, sort_keys=False)
+    os.replace(tmp, path)

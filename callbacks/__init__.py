@@ -9,6 +9,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from callbacks.callback import Callback
+from callbacks.early_stopping import EarlyStopping
+from callbacks.model_checkpoint import ModelCheckpoint
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
     from callbacks.batch_size_finder import BatchSizeFinder  # noqa: F401
@@ -35,7 +37,7 @@ _LAZY = {
     "Timer": "callbacks.timer",
 }
 
-__all__ = ["Callback", *sorted(_LAZY)]
+__all__ = ["Callback", "EarlyStopping", "ModelCheckpoint", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,10 @@
 
 This package never imports ``trainer``, ``callbacks`` or ``loggers``; it is the bottom layer.
 """
-from strategies.errors import ConfigurationError
+from strategies.ddp import DDPStrategy
+from strategies.dp import DataParallelStrategy
+from strategies.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from strategies.errors import ConfigurationError, RankFailedError
 from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from strategies.registry import register_strategy, strategy_names
 from strategies.single_device import SingleDeviceStrategy
@@ -10,12 +13,18 @@ from strategies.strategy import Strategy
 
 __all__ = [
     "ConfigurationError",
+    "DDPStrategy",
+    "DataParallelStrategy",
     "DoublePrecision",
     "HalfPrecision",
+    "LocalEnvironment",
     "MixedPrecision",
     "Precision",
+    "RankFailedError",
+    "SLURMEnvironment",
     "SingleDeviceStrategy",
     "Strategy",
+    "TorchElasticEnvironment",
     "register_strategy",
     "strategy_names",
 ]

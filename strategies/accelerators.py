@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -49,17 +49,20 @@ def device_count(kind: str) -> int:
     return os.cpu_count() or 1
 
 
-def parse_devices(kind: str, devices: Any) -> list[torch.device]:
+def parse_devices(kind: str, devices: Any, processes_per_node: Optional[int] = None) -> list[torch.device]:
     """Resolve ``devices=`` (``"auto"``, an int, ``-1`` or a list of indices) for accelerator ``kind``.
 
     On the CPU ``devices=N`` means N processes, each on ``cpu``. On CUDA/MPS the request is checked against
-    what exists, and the error says what was found.
+    what exists, and the error says what was found. ``processes_per_node`` is set when torchrun/SLURM
+    already started the processes: ``"auto"`` then means one device per process started on this node.
     """
-    if isinstance(devices, str):
-        text = devices.strip().lower()
-        if text == "auto":
+    if isinstance(devices, str) and devices.strip().lower() == "auto":
+        if processes_per_node is None:
             count = device_count(kind) if kind == "cuda" else 1
             return _devices(kind, list(range(count)))
+        devices = processes_per_node
+    if isinstance(devices, str):
+        text = devices.strip().lower()
         try:
             devices = [int(x) for x in text.split(",") if x.strip()] if "," in text else int(text)
         except ValueError:

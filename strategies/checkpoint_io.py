@@ -8,12 +8,14 @@ hostile pickle cannot run code.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import pickle
+import re
 import shutil
-import zipfile
+import warnings
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, Optional
 
 import torch
 
@@ -39,7 +41,8 @@ def _fsync_dir(folder: Path) -> None:
 def _atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    _remove_stale_temporaries(target)
+    tmp = _temporary_name(target)
     try:
         with open(tmp, "wb") as f:
             yield f
@@ -50,6 +53,17 @@ def _atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
         if tmp.exists():
             tmp.unlink()
     _fsync_dir(target.parent)
+
+
+def _temporary_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}.tmp-{os.getpid()}")
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    # One writer per path: a temporary of this target is left over from a writer that was killed mid-save.
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -64,11 +78,45 @@ def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         shutil.copyfileobj(source, f, length=16 * 1024 * 1024)
 
 
+def atomic_link(src: str | os.PathLike, dst: str | os.PathLike, symbolic: bool = False) -> None:
+    """Make ``dst`` name the same file as ``src``, atomically; never a moment without a complete ``dst``.
+
+    A hard link (the default) costs no copy and survives the later deletion of ``src``; where the file
+    system refuses hard links, the file is copied. ``symbolic=True`` makes a relative symbolic link.
+    """
+    source, target = Path(src), Path(dst)
+    if source.resolve() == target.resolve():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary_name(target)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        if symbolic:
+            os.symlink(os.path.relpath(source.resolve(), target.parent.resolve()), tmp)
+        else:
+            os.link(source, tmp)
+    except OSError:
+        if symbolic:
+            raise
+        atomic_copy(source, target)
+        return
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+
+
+def remove_checkpoint(path: str | os.PathLike) -> None:
+    """Delete a checkpoint file (or link); a file that is already gone is not an error."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
 def safe_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     """Load a checkpoint with ``torch.load(weights_only=True)`` and turn failures into clear errors.
 
     Raises ``FileNotFoundError`` naming the path when it does not exist, and :class:`CheckpointError`
-    when the file is corrupt/truncated or holds objects that would need arbitrary code to rebuild.
+    when the file is corrupt/truncated or holds objects that would need arbitrary code to rebuild. The
+    restricted unpickler refuses such objects before constructing them, so a hostile file runs nothing.
     """
     path = Path(path)
     if not path.exists():
@@ -79,20 +127,43 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
             f"them, or turn them into one file with `python -m trainer checkpoint consolidate {path} out.ckpt`."
         )
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
+        reason = _unsafe_reason(str(err), path)
+        if reason is None:
+            raise CheckpointError(_corrupt_message(path, err)) from None
         raise CheckpointError(
-            f"Refusing to load '{path}': it contains objects other than tensors and plain Python values, and "
-            f"rebuilding them would execute code from the file ({_first_line(err)}). Only load such a file if "
-            "you trust its origin, with torch.load(path, weights_only=False) yourself."
+            f"Refusing to load '{path}': {reason}. A trainer checkpoint holds only tensors and plain Python values; "
+            "anything else needs code from the file to run, which is how a hostile checkpoint takes over a machine. "
+            "Only if you trust its origin, load it yourself with torch.load(path, weights_only=False)."
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
-        raise CheckpointError(
-            f"Checkpoint '{path}' is corrupt or truncated and cannot be read ({_first_line(err)}). "
-            "If a save was interrupted, the previous checkpoint in the same folder is intact."
-        ) from None
+    except Exception as err:  # torch reports damage as RuntimeError, EOFError, KeyError, ValueError, ...
+        raise CheckpointError(_corrupt_message(path, err)) from None
+
+
+def _unsafe_reason(message: str, path: Path) -> Optional[str]:
+    """Why the weights-only unpickler refused a file, or ``None`` when the refusal means damage."""
+    found = re.search(r"GLOBAL ([\w.]+)", message)
+    if found:
+        return f"it asks to import and call '{found.group(1)}'"
+    with open(path, "rb") as f:
+        starts_like_pickle = f.read(1) == b"\x80"  # the PROTO opcode that every pickle since protocol 2 begins with
+    if starts_like_pickle and "Unsupported operand" in message:
+        return "it is a raw pickle using instructions a torch.save of tensors and plain values never writes"
+    return None
+
+
+def _corrupt_message(path: Path, err: BaseException) -> str:
+    detail = _first_line(err)
+    return (
+        f"Checkpoint '{path}' is corrupt or truncated and cannot be read ({type(err).__name__}"
+        f"{': ' + detail if detail else ''}). If a save was interrupted, the previous checkpoint in the same "
+        "folder is intact."
+    )
 
 
 def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:300] if text else type(err).__name__
+    lines = str(err).strip().splitlines()
+    return lines[0].split(". ")[0][:200] if lines else ""

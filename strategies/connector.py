@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from strategies.accelerators import parse_devices, resolve_accelerator
+from strategies.environments import detect_environment
 from strategies.errors import ConfigurationError
 from strategies.precision import precision_plugin
 from strategies.registry import create_strategy
@@ -21,7 +22,9 @@ def build_strategy(
     """Resolve and validate the five arguments; returns a Strategy ready for ``setup_environment``."""
     plugin = precision_plugin(precision)
     kind = resolve_accelerator(accelerator)
-    device_list = parse_devices(kind, devices)
+    job = detect_environment()  # torchrun/SLURM/an earlier launch already started the processes
+    launched = job is not None and job.world_size() > 1
+    device_list = parse_devices(kind, devices, job.local_world_size() if launched else None)
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ConfigurationError(f"num_nodes={num_nodes!r} must be a positive integer.")
     if isinstance(strategy, Strategy):
@@ -29,7 +32,7 @@ def build_strategy(
     elif isinstance(strategy, str):
         name = strategy.lower()
         if name == "auto":
-            name = "single_device" if len(device_list) * num_nodes == 1 and not _launched_externally() else "ddp"
+            name = "single_device" if len(device_list) * num_nodes == 1 and not launched else "ddp"
         instance = create_strategy(name)
     else:
         raise ConfigurationError(
@@ -37,13 +40,3 @@ def build_strategy(
         )
     instance.connect(device_list, num_nodes, plugin)
     return instance
-
-
-def _launched_externally() -> bool:
-    """True inside a multi-process job started by torchrun/SLURM (the strategy must join it)."""
-    try:
-        from strategies.environments import detect_environment
-    except ImportError:
-        return False
-    env = detect_environment()
-    return env is not None and env.world_size() > 1

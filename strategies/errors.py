@@ -1,4 +1,4 @@
-"""The one exception type for misuse: what was wrong and what would be valid."""
+"""Exceptions: misuse (what was wrong and what would be valid), and a failed peer in a multi-process job."""
 
 
 class ConfigurationError(ValueError, TypeError):
@@ -6,4 +6,12 @@ class ConfigurationError(ValueError, TypeError):
 
     It is both a ``ValueError`` and a ``TypeError`` so code that guards for the built-in a user would
     naturally expect keeps working; the message always names the argument and lists what is valid.
+    """
+
+
+class RankFailedError(RuntimeError):
+    """Another process of a multi-process job failed, so this one stopped too.
+
+    The failing process's traceback is printed once (by that process, or in this message when the
+    processes were spawned); this error only says why the surviving process stopped.
     """

@@ -10,6 +10,9 @@ from strategies.strategy import Strategy
 # name: (module, class, constructor kwargs, what to install when missing)
 _REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "single_device": ("strategies.single_device", "SingleDeviceStrategy", {}, ""),
+    "dp": ("strategies.dp", "DataParallelStrategy", {}, ""),
+    "ddp": ("strategies.ddp", "DDPStrategy", {"start_method": "popen"}, ""),
+    "ddp_spawn": ("strategies.ddp", "DDPStrategy", {"start_method": "spawn"}, ""),
 }
 
 

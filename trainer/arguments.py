@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from callbacks.callback import Callback
+from callbacks.model_checkpoint import ModelCheckpoint
 from loggers.logger import Logger
 from strategies.errors import ConfigurationError
 from trainer.data import validate_limit
@@ -133,19 +134,26 @@ def build_callbacks(
                 f"callbacks: {cb!r} is a {type(cb).__name__}, not a callbacks.Callback. Subclass Callback "
                 "and override the hooks you need."
             )
-    import callbacks as callbacks_pkg
     from callbacks.fit_report import FitReport
     from callbacks.model_summary import ModelSummary
     from callbacks.rich_progress import RichProgressBar
 
-    checkpoint_cls = getattr(callbacks_pkg, "ModelCheckpoint", None)
     defaults: list[Callback] = []
     for enabled, cls in ((enable_model_summary, ModelSummary), (enable_progress_bar, RichProgressBar),
-                         (enable_checkpointing, checkpoint_cls), (enable_progress_bar, FitReport)):  # fmt: skip
-        if enabled and cls is not None and not any(isinstance(cb, cls) for cb in user):
+                         (enable_progress_bar, FitReport)):  # fmt: skip
+        if enabled and not any(isinstance(cb, cls) for cb in user):
             defaults.append(cls())
-    if not enable_checkpointing:
-        cls = getattr(callbacks_pkg, "ModelCheckpoint", None)
-        if cls is not None and any(isinstance(cb, cls) for cb in user):
-            warnings.warn("enable_checkpointing=False but a ModelCheckpoint callback was passed; it is kept.", stacklevel=3)
-    return defaults + user
+    has_checkpoint = any(isinstance(cb, ModelCheckpoint) for cb in user)
+    if enable_checkpointing and not has_checkpoint:
+        defaults.append(ModelCheckpoint())
+    if not enable_checkpointing and has_checkpoint:
+        warnings.warn("enable_checkpointing=False but a ModelCheckpoint callback was passed; it is kept.", stacklevel=3)
+    return checkpoints_last(defaults + user)
+
+
+def checkpoints_last(callbacks: list[Callback]) -> list[Callback]:
+    """Move checkpointing callbacks to the end, so a checkpoint saved in a hook holds what the other callbacks
+    (early stopping, schedulers of callbacks) did in that same hook."""
+    return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + [
+        cb for cb in callbacks if isinstance(cb, ModelCheckpoint)
+    ]

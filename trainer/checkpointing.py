@@ -2,14 +2,20 @@
 
 A checkpoint is a plain dict of tensors and Python values (loadable with ``torch.load(weights_only=True)``):
 ``format_version``, ``state_dict``, ``optimizer_states``, ``lr_schedulers``, ``precision``, ``epoch``,
-``global_step``, ``loops`` (progress counters), ``rng``, ``callbacks``, ``hyper_parameters``, ``datamodule``.
-Files are written atomically and read safely through :mod:`strategies.checkpoint_io`.
+``global_step``, ``loops`` (progress counters and ``should_stop``), ``rng`` (every global RNG at the save),
+``train_sampler`` (the random state the epoch's shuffle was drawn from, see :mod:`trainer.data_position`),
+``accumulated_grads`` (only when saved inside an accumulation window), ``callbacks``, ``hyper_parameters``,
+``datamodule``. Files are written atomically and read safely through :mod:`strategies.checkpoint_io`.
+
+Exact resume: the restored fit puts the saved RNG back just before its first epoch starts; mid-epoch, the
+training iterator is positioned first (the sampler redraws the epoch's order from ``train_sampler`` and
+skips the finished batches without loading them) and the saved RNG is put back after that.
 """
 from __future__ import annotations
 
 import glob
-import itertools
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
@@ -17,6 +23,8 @@ import torch
 
 from strategies.checkpoint_io import CheckpointError, safe_load
 from strategies.errors import ConfigurationError
+from strategies.rank import rank_zero_warn
+from trainer.data_position import TrainDataPosition
 from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer
 
 FORMAT_VERSION = 1
+_VERSION_FOLDER = re.compile(r"version_\d+")
 
 
 def check_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], path: Any, strict: bool = True) -> None:
@@ -77,6 +86,9 @@ class CheckpointConnector:
 
     def __init__(self, trainer: "Trainer") -> None:
         self.trainer = trainer
+        self.data_position = TrainDataPosition()
+        self.last_saved_path: Optional[str] = None  # the newest full checkpoint this Trainer wrote or resumed from
+        self._resume: Optional[dict[str, Any]] = None
 
     # ------------------------------------------------------------------ saving
     def dump(self, weights_only: bool = False) -> dict[str, Any]:
@@ -90,7 +102,7 @@ class CheckpointConnector:
             "epoch": progress.epoch,
             "global_step": progress.global_step,
             "state_dict": strategy.module_state_dict(),
-            "loops": {"fit": progress.state_dict()},
+            "loops": {"fit": progress.state_dict(), "should_stop": bool(trainer.should_stop)},
         }
         if module.hparams:
             checkpoint["hyper_parameters"] = dict(module.hparams)
@@ -99,6 +111,9 @@ class CheckpointConnector:
             checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
             checkpoint["precision"] = strategy.precision.state_dict()
             checkpoint["rng"] = capture_rng_state()
+            checkpoint["train_sampler"] = self.data_position.state_dict()
+            if getattr(getattr(trainer, "_optimization", None), "window_has_loss", False):
+                checkpoint["accumulated_grads"] = self._accumulated_grads()
             checkpoint["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
             if trainer.datamodule is not None:
                 checkpoint["datamodule"] = trainer.datamodule.state_dict()
@@ -106,11 +121,35 @@ class CheckpointConnector:
         return checkpoint
 
     def save(self, path: Union[str, os.PathLike], weights_only: bool = False) -> None:
-        """Build and write a checkpoint; every rank builds (collectives), global rank 0 writes."""
-        strategy = self.trainer.strategy
+        """Build and write a checkpoint; every rank builds (collectives), global rank 0 writes.
+
+        During a fit, a non-finite loss recorded since the last check stops the fit here instead of saving it.
+        """
+        trainer = self.trainer
+        strategy = trainer.strategy
+        trainer._faults.before_save()
         checkpoint = self.dump(weights_only)
         strategy.save_checkpoint(checkpoint, path)
         strategy.barrier("save_checkpoint")
+        if not weights_only:
+            self.last_saved_path = str(path)
+
+    def save_interrupted(self) -> str:
+        """Save ``interrupted.ckpt`` in the first checkpoint folder (what a stop signal leaves); returns its path."""
+        path = self.trainer.strategy.broadcast(os.path.join(self.checkpoint_folders()[0], "interrupted.ckpt"))
+        self.save(path)
+        return path
+
+    def _accumulated_grads(self) -> dict[str, Any]:
+        """Gradients of an unfinished accumulation window (per rank: they are not all-reduced yet)."""
+        strategy = self.trainer.strategy
+        world_size = strategy.world_size
+        grads = {}
+        for name, param in self.trainer.module.named_parameters():
+            if param.grad is not None:
+                grad = param.grad.detach()
+                grads[name] = strategy.all_gather(grad) if world_size > 1 else grad
+        return {"world_size": world_size, "grads": grads}
 
     # ------------------------------------------------------------------ locating
     def resolve(self, ckpt_path: Union[str, os.PathLike]) -> Path:
@@ -133,16 +172,30 @@ class CheckpointConnector:
                 if last and os.path.exists(last):
                     candidates.append(last)
             for folder in folders:
-                candidates.extend(glob.glob(os.path.join(folder, "*.ckpt")))
+                candidates.extend(p for p in glob.glob(os.path.join(folder, "*.ckpt")) if os.path.exists(p))
+            if not candidates:  # a restarted script logs to a new version_N: look in the earlier versions too
+                earlier = self.earlier_run_folders()
+                folders = folders + [f for f in earlier if f not in folders]
+                for folder in earlier:
+                    candidates.extend(p for p in glob.glob(os.path.join(folder, "*.ckpt")) if os.path.exists(p))
             if not candidates:
                 raise FileNotFoundError(
                     f"ckpt_path='last' but no checkpoint exists yet; looked in: {', '.join(folders) or '(no folder)'}."
                 )
-            return Path(max(candidates, key=os.path.getmtime))
+            # Newest first; on a tie (last.ckpt is a hard link to the checkpoint it mirrors) the "last" name wins.
+            return Path(max(candidates, key=lambda p: (os.stat(p).st_mtime_ns, Path(p).name.startswith("last"))))
         path = Path(ckpt_path)
         if not path.exists():
             raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{path.resolve()}').")
         return path
+
+    def earlier_run_folders(self) -> list[str]:
+        """``checkpoints`` folders of the other ``version_N`` runs of this experiment (same logger folder)."""
+        logger = self.trainer.logger
+        log_dir = getattr(logger, "log_dir", None) if logger is not None else None
+        if not log_dir or not _VERSION_FOLDER.fullmatch(Path(log_dir).name):
+            return []
+        return sorted(str(p) for p in Path(log_dir).parent.glob("version_*/checkpoints") if p.is_dir())
 
     def checkpoint_folders(self) -> list[str]:
         """Where this run's checkpoints live: each ModelCheckpoint's dirpath, else ``<log_dir>/checkpoints``."""
@@ -152,9 +205,17 @@ class CheckpointConnector:
 
     # ------------------------------------------------------------------ restoring
     def load(self, ckpt_path: Union[str, os.PathLike]) -> tuple[Path, dict[str, Any]]:
-        """Resolve and read a checkpoint (safely); check its format."""
-        path = self.resolve(ckpt_path)
-        checkpoint = self.trainer.strategy.load_checkpoint(path)
+        """Resolve and read a checkpoint (safely); check its format. Every rank loads the file rank 0 resolved."""
+        strategy = self.trainer.strategy
+        try:
+            found: tuple[Any, ...] = ("path", str(self.resolve(ckpt_path)))
+        except (FileNotFoundError, ConfigurationError) as err:
+            found = ("error", type(err), str(err))
+        found = strategy.broadcast(found) if strategy.world_size > 1 else found
+        if found[0] == "error":
+            raise found[1](found[2])
+        path = Path(found[1])
+        checkpoint = strategy.load_checkpoint(path)
         if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
             raise CheckpointError(f"'{path}' is not a trainer checkpoint (no 'state_dict' entry).")
         version = checkpoint.get("format_version", 0)
@@ -169,6 +230,7 @@ class CheckpointConnector:
         """Load only the module weights (for validate/test/predict)."""
         path, checkpoint = self.load(ckpt_path)
         self._load_module_state(checkpoint, path)
+        self.trainer.ckpt_path = str(path)
         return checkpoint
 
     def restore_training(self, ckpt_path: Union[str, os.PathLike]) -> None:
@@ -194,8 +256,10 @@ class CheckpointConnector:
         for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
             config.scheduler.load_state_dict(state)
         strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+        loops = checkpoint.get("loops", {})
         progress = trainer.fit_loop.progress
-        progress.load_state_dict(checkpoint.get("loops", {}).get("fit", {}))
+        progress.load_state_dict(loops.get("fit", {}))
+        trainer.should_stop = bool(loops.get("should_stop", False))
         if progress.epoch_finished:  # saved after the epoch's work was done: continue with the next epoch
             progress.epoch += 1
             progress.batch_in_epoch = 0
@@ -207,9 +271,34 @@ class CheckpointConnector:
                 callback.load_state_dict(state)
         if trainer.datamodule is not None and "datamodule" in checkpoint:
             trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+        self._restore_accumulated_grads(checkpoint.get("accumulated_grads"), path)
         trainer._call_hook("on_load_checkpoint", checkpoint)
-        if "rng" in checkpoint:
-            restore_rng_state(checkpoint["rng"])
+        trainer.ckpt_path = self.last_saved_path = str(path)
+        self._resume = {"rng": checkpoint.get("rng"), "train_sampler": checkpoint.get("train_sampler")}
+
+    def _restore_accumulated_grads(self, saved: Optional[dict[str, Any]], path: Any) -> None:
+        if not saved:
+            return
+        trainer = self.trainer
+        world_size, rank = trainer.strategy.world_size, trainer.strategy.global_rank
+        if saved.get("world_size", 1) != world_size:
+            rank_zero_warn(
+                f"'{path}' was saved inside a gradient-accumulation window by {saved.get('world_size')} process(es); "
+                f"with {world_size} now, that window's partial gradients are dropped and the resume is not exact."
+            )
+            return
+        grads = saved.get("grads", {})
+        for name, param in trainer.module.named_parameters():
+            grad = grads.get(name)
+            if grad is not None:
+                param.grad = (grad[rank] if world_size > 1 else grad).to(param.device, param.dtype)
+        if hasattr(trainer._optimization, "window_has_loss"):
+            trainer._optimization.window_has_loss = True
+
+    def resume_point(self) -> None:
+        """The training loop is about to start: put back the RNG of the restored checkpoint (no-op otherwise)."""
+        if self._resume is not None and self._resume.get("rng") is not None:
+            restore_rng_state(self._resume["rng"])
 
     def _load_module_state(self, checkpoint: dict[str, Any], path: Any) -> None:
         module = self.trainer.module
@@ -221,12 +310,13 @@ class CheckpointConnector:
 
     # ------------------------------------------------------------------ data position
     def train_iterator(self, loader: Any, epoch: int, start_batch: int) -> Iterator[Any]:
-        """An iterator over this epoch's training batches, positioned after ``start_batch`` batches."""
-        for holder in (loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
-            sampler = getattr(holder, "sampler", holder)
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
-        iterator = iter(loader)
-        if start_batch:
-            next(itertools.islice(iterator, start_batch - 1, start_batch), None)
+        """This epoch's training iterator, positioned after ``start_batch`` batches without loading them."""
+        resume, self._resume = self._resume, None
+        if not start_batch:
+            return self.data_position.iterator(loader, epoch)
+        if resume is None:  # the same Trainer continues an epoch it stopped (e.g. a second fit with more max_steps)
+            return self.data_position.iterator(loader, epoch, start_batch, self.data_position.state_dict())
+        iterator = self.data_position.iterator(loader, epoch, start_batch, resume.get("train_sampler"))
+        if resume.get("rng") is not None:
+            restore_rng_state(resume["rng"])  # positioning replayed the sampler's draws; training continues from here
         return iterator

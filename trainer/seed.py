@@ -39,10 +39,13 @@ def seed_everything(seed: Optional[int] = None, workers: bool = False) -> int:
     return seed
 
 
-def capture_rng_state() -> dict[str, Any]:
-    """Every global RNG state as tensors and plain values (safe for ``weights_only`` checkpoints)."""
+def capture_rng_state(cuda: bool = True) -> dict[str, Any]:
+    """Every global RNG state as tensors and plain values (safe for ``weights_only`` checkpoints).
+
+    ``cuda=False`` leaves out the CUDA generators (for states that only host-side code such as a sampler uses).
+    """
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": _python_state_to_plain(random.getstate())}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy as np

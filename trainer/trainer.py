@@ -19,9 +19,11 @@ from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_only
 from strategies.strategy import Strategy
 from trainer import data as data_utils
-from trainer.arguments import build_callbacks, build_loggers, set_deterministic, validate_arguments
+from trainer.arguments import build_callbacks, build_loggers, checkpoints_last, set_deterministic, validate_arguments
 from trainer.checkpointing import CheckpointConnector
 from trainer.datamodule import DataModule
+from trainer.distributed_data import balance_training_batches
+from trainer.faults import FaultMonitor
 from trainer.hooks import HookDispatcher, overrides
 from trainer.logged_metrics import ResultCollection
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
@@ -32,6 +34,7 @@ from trainer.module import TrainModule
 from trainer.optimizers import SchedulerConfig, parse_optimizers
 from trainer.seed import isolated_rng, seed_everything
 from trainer.launch_defaults import with_launch_defaults
+from trainer.spawned import run_spawned
 
 
 class Trainer:
@@ -40,6 +43,10 @@ class Trainer:
     ``Trainer(devices=4, precision=16, accumulate_grad_batches=16).fit(module, train_loader, val_loader)``.
     Every argument is validated here, with an error naming the argument and what would be valid.
     Under ``trainer run``/``trainer slurm`` the launcher's settings fill the arguments the script leaves out.
+
+    Faults during fit (:mod:`trainer.faults`): ``stop_signals`` finish the current optimizer step, save
+    ``interrupted.ckpt`` and exit (SIGINT: raise ``KeyboardInterrupt``); ``on_nonfinite_loss`` is "stop" (the
+    default; "ignore" under 16-mixed, whose scaler skips such steps), "skip", "raise" or "ignore".
     """
 
     @with_launch_defaults
@@ -75,6 +82,8 @@ class Trainer:
         use_distributed_sampler: bool = True,
         detect_anomaly: bool = False,
         seed: Optional[int] = None,
+        on_nonfinite_loss: Optional[str] = None,
+        stop_signals: Any = ("SIGTERM", "SIGINT"),
     ) -> None:
         settings = validate_arguments(dict(
             max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps, limit_train_batches=limit_train_batches,
@@ -106,6 +115,8 @@ class Trainer:
         self.state_stage: Optional[str] = None
         self.fit_loop = FitLoop(self)
         self._checkpoint = CheckpointConnector(self)
+        self._faults = FaultMonitor(self, stop_signals, on_nonfinite_loss)
+        self.ckpt_path: Optional[str] = None  # the checkpoint the last fit/validate/test restored
         self._optimizers: list[torch.optim.Optimizer] = []
         self._manual_optimizers: list[ManualOptimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
@@ -196,7 +207,10 @@ class Trainer:
         return self._launch(self._predict_impl, model, dataloaders, datamodule, return_predictions, ckpt_path)
 
     def save_checkpoint(self, filepath: Union[str, os.PathLike], weights_only: bool = False) -> None:
-        """Write a checkpoint of the current state (atomically; global rank 0 writes, all ranks must call)."""
+        """Write a checkpoint of the current state (atomically; global rank 0 writes, all ranks must call).
+
+        ``weights_only=True`` keeps the module weights and hyperparameters only (for inference or a new fit).
+        """
         if self.module is None:
             raise RuntimeError("save_checkpoint() needs a module: call it during or after fit/validate/test.")
         self._checkpoint.save(filepath, weights_only)
@@ -204,9 +218,11 @@ class Trainer:
     # ------------------------------------------------------------------ stage implementations
     def _launch(self, fn: Any, *args: Any) -> Any:
         launcher = self.strategy.launcher
-        if launcher is not None:
+        if launcher is None:
+            return fn(*args)
+        if launcher.runs_in_caller:
             return launcher.launch(fn, *args)
-        return fn(*args)
+        return run_spawned(self, launcher, fn, *args)
 
     def _fit_impl(self, model: TrainModule, train_dataloaders: Any, val_dataloaders: Any,
                   datamodule: Optional[DataModule], ckpt_path: Any) -> None:  # fmt: skip
@@ -220,13 +236,14 @@ class Trainer:
             model.train()
             self._call_hook("on_fit_start")
             self._logger_hyperparams(model)
-            self._run_sanity_check()
-            epoch_loop = TrainingEpochLoop(self, self._optimization)
-            self._results = self._train_results
-            with torch.autograd.set_detect_anomaly(True) if self.detect_anomaly else contextlib.nullcontext():
-                self.fit_loop.run(epoch_loop)
+            with self._faults.watch():  # stop signals, non-finite losses
+                self._run_sanity_check()
+                epoch_loop = TrainingEpochLoop(self, self._optimization)
+                self._results = self._train_results
+                with torch.autograd.set_detect_anomaly(True) if self.detect_anomaly else contextlib.nullcontext():
+                    self.fit_loop.run(epoch_loop)
             self._call_hook("on_fit_end")
-            self._finalize_loggers("success")
+            self._finalize_loggers(self._faults.status)
 
     def _evaluate(self, stage: str, model: Optional[TrainModule], dataloaders: Any, ckpt_path: Any,
                   datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
@@ -277,6 +294,7 @@ class Trainer:
             self.datamodule = datamodule
             datamodule.trainer = self
         self._hooks = HookDispatcher(self._callbacks_with(model), model)
+        finished = False
         try:
             if datamodule is not None:
                 if self.local_rank == 0:
@@ -285,10 +303,11 @@ class Trainer:
                 datamodule.setup(stage)
             self._call_hook("setup", stage)
             yield
+            finished = True
         except BaseException as exc:
             for hook in self._hooks.callback_hooks["on_exception"]:
                 hook(self, model, exc)
-            self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            self._finalize_loggers("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
         finally:
             self._call_hook("teardown", stage)
@@ -296,6 +315,8 @@ class Trainer:
                 datamodule.teardown(stage)
             self._results = None
             self.state_stage = None
+            if finished:  # after a failure a peer may be gone: leave the process group to the launcher
+                self.strategy.teardown()
 
     # ------------------------------------------------------------------ set-up helpers
     def _check_module(self, model: Any, stage: str) -> None:
@@ -318,7 +339,7 @@ class Trainer:
         extra = [extra] if isinstance(extra, Callback) else list(extra or [])
         if extra:
             replaced = {type(cb) for cb in extra}
-            self.callbacks = [cb for cb in self.callbacks if type(cb) not in replaced] + extra
+            self.callbacks = checkpoints_last([cb for cb in self.callbacks if type(cb) not in replaced] + extra)
         return self.callbacks
 
     def _setup_fit_data(self, model: TrainModule, train: Any, val: Any, datamodule: Optional[DataModule]) -> None:
@@ -394,6 +415,8 @@ class Trainer:
                                                            self.use_distributed_sampler)  # fmt: skip
         self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
                                                                "limit_train_batches")  # fmt: skip
+        if self.strategy.world_size > 1:  # ranks that run different batch counts would deadlock in DDP
+            self.num_training_batches = balance_training_batches(self.strategy.reduce, self.num_training_batches)
 
     def _run_sanity_check(self) -> None:
         steps = self.num_sanity_val_steps

@@ -11,6 +11,7 @@
     on_fit_start                                 # callbacks → module
     [sanity check]                               # on_sanity_check_start, validation loop, on_sanity_check_end
     on_train_start
+    [restored fit: the saved RNG is put back]
     for epoch in epochs:
         on_train_epoch_start
         for batch_idx, batch in train data:      # batch_idx counts micro-batches
@@ -26,12 +27,14 @@
                 global_step += 1; step-interval LR schedulers (not after a skipped step)
             on_train_batch_end(outputs, batch, batch_idx)
             step metrics to loggers every log_every_n_steps optimizer steps
+            [after a step, at agreed steps: stop signals → save interrupted.ckpt, exit; non-finite loss → stop]
             if val_check_interval is reached: validation loop (below)
         module.on_train_epoch_end()
         epoch-interval LR schedulers                # after validation: ReduceLROnPlateau sees val metrics
         callbacks.on_train_epoch_end                # checkpoints saved here resume at the next epoch
         epoch metrics to loggers
         stop at max_epochs / max_steps, or on should_stop once min_epochs is reached
+    [pending stop signal / non-finite loss acted on]
     on_train_end
     on_fit_end                                   # module → callbacks
     teardown("fit")                              # module → callbacks → datamodule
@@ -86,6 +89,7 @@ class FitLoop:
         trainer = self.trainer
         progress = self.progress
         trainer._call_hook("on_train_start")
+        trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
         while not self.done:
             loader = trainer._train_dataloader
             num_batches = trainer.num_training_batches
@@ -103,6 +107,7 @@ class FitLoop:
             if math.isinf(num_batches) and trainer._val_enabled and not progress.val_pending:
                 trainer._run_validation_in_fit()  # epoch end of an unsized loader
             self._end_epoch()
+        trainer._faults.check()  # a signal or non-finite loss from the last steps is acted on before on_train_end
         trainer._call_hook("on_train_end")
 
     def _end_epoch(self) -> None:

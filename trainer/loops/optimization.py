@@ -79,6 +79,7 @@ class AutomaticOptimization:
         self.clip_algorithm = trainer.gradient_clip_algorithm
         self.custom_clipping = overrides(module, TrainModule, "configure_gradient_clipping")
         self.window_has_loss = False
+        self.loss_check = trainer._faults.guard  # records the loss on device; None skips the micro-batch
         self._before_step: Callable[[], None] = self._hooks_and_clipping
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
@@ -86,6 +87,8 @@ class AutomaticOptimization:
         with strategy.backward_sync(window_end):
             output = strategy.training_step(batch, batch_idx)
             loss = extract_loss(output)
+            if loss is not None and self.loss_check is not None:
+                loss = self.loss_check(loss)
             if loss is not None:
                 if self.accumulate > 1:
                     loss = loss / self.accumulate

@@ -56,6 +56,7 @@ class TrainingEpochLoop:
         results = trainer._train_results
         batch_start = trainer._hooks.caller(trainer, "on_train_batch_start")
         batch_end = trainer._hooks.caller(trainer, "on_train_batch_end")
+        faults = trainer._faults
         run_step = self.optimization.run
         accumulate = trainer.accumulate_grad_batches
         self.optimization.accumulate = accumulate  # may change between epochs (GradientAccumulationScheduler)
@@ -105,6 +106,8 @@ class TrainingEpochLoop:
 
             if stepped and progress.batches_that_stepped % log_every == 0:
                 trainer._log_step_metrics()
+            if stepped and progress.global_step >= faults.due_step:
+                faults.check()  # before validation: a checkpoint saved here resumes with validation pending
             if progress.val_pending:
                 trainer._run_validation_in_fit()
             if (max_steps != -1 and progress.global_step >= max_steps) or (trainer.should_stop and trainer._can_stop(progress.epoch + 1)):

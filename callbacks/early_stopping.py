@@ -1,0 +1,136 @@
+"""``EarlyStopping``: stop ``fit`` when a monitored metric stops improving, crosses a threshold or diverges."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from callbacks.callback import Callback
+from strategies.errors import ConfigurationError
+from strategies.rank import rank_zero_info, rank_zero_warn
+
+
+class EarlyStopping(Callback):
+    """Ask the Trainer to stop when ``monitor`` has not improved by more than ``min_delta`` for ``patience``
+    checks, reached ``stopping_threshold``, went past ``divergence_threshold`` or became NaN/inf.
+
+    It checks after each validation (or at the end of each training epoch when validation runs there or the
+    metric is a training one: ``check_on_train_epoch_end``). Under several processes the ranks decide
+    together (any rank's "stop" stops all), so they leave the loop at the same step. The Trainer honours the
+    request once ``min_epochs`` is reached. ``wait_count``, ``best_score`` and ``stopped_epoch`` are saved in
+    checkpoints.
+    """
+
+    mode_dict = {"min": "<", "max": ">"}
+
+    def __init__(
+        self,
+        monitor: str,
+        min_delta: float = 0.0,
+        patience: int = 3,
+        verbose: bool = False,
+        mode: str = "min",
+        strict: bool = True,
+        check_finite: bool = True,
+        stopping_threshold: Optional[float] = None,
+        divergence_threshold: Optional[float] = None,
+        check_on_train_epoch_end: Optional[bool] = None,
+    ) -> None:
+        if mode not in self.mode_dict:
+            raise ConfigurationError(f"EarlyStopping(mode={mode!r}) is not valid. Use 'min' or 'max'.")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise ConfigurationError(f"EarlyStopping(patience={patience!r}) must be an int >= 0.")
+        self.monitor = monitor
+        self.min_delta = abs(float(min_delta))
+        self.patience = patience
+        self.verbose = verbose
+        self.mode = mode
+        self.strict = strict
+        self.check_finite = check_finite
+        self.stopping_threshold = stopping_threshold
+        self.divergence_threshold = divergence_threshold
+        self._check_on_train_epoch_end = check_on_train_epoch_end
+        self.wait_count = 0
+        self.stopped_epoch = 0
+        self.best_score = math.inf if mode == "min" else -math.inf
+        self.stopping_reason: Optional[str] = None
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(monitor=self.monitor, mode=self.mode)
+
+    def _better(self, a: float, b: float) -> bool:
+        return a < b if self.mode == "min" else a > b
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        if self._check_on_train_epoch_end is None:
+            interval = trainer.val_check_interval
+            self._check_on_train_epoch_end = (interval is None or interval == 1.0) and trainer.check_val_every_n_epoch == 1
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self._check_on_train_epoch_end and not self._skip(trainer):
+            self._run_check(trainer)
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if not self._check_on_train_epoch_end and not self._skip(trainer):
+            self._run_check(trainer)
+
+    def _skip(self, trainer: Any) -> bool:
+        return trainer.state_stage != "fit" or trainer.sanity_checking or bool(trainer.fast_dev_run)
+
+    # ------------------------------------------------------------------ decision
+    def _run_check(self, trainer: Any) -> None:
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            message = (
+                f"EarlyStopping(monitor={self.monitor!r}) found no metric {self.monitor!r} among the logged ones "
+                f"{sorted(trainer.callback_metrics)}. Log it with self.log({self.monitor!r}, value)"
+            )
+            if self.strict:
+                raise ConfigurationError(message + ", or pass strict=False to skip checks until it is logged.")
+            rank_zero_warn(message + "; this check is skipped.")
+            return
+        should_stop, reason = self.evaluate(float(value))
+        should_stop = trainer.strategy.reduce_boolean_decision(should_stop, all=False)
+        if should_stop:
+            trainer.should_stop = True
+            self.stopped_epoch = trainer.current_epoch
+            self.stopping_reason = reason or "another process asked to stop"
+        if reason and (self.verbose or should_stop):
+            rank_zero_info("EarlyStopping: %s", reason)
+
+    def evaluate(self, current: float) -> tuple[bool, Optional[str]]:
+        """Update the state with a new value of the metric; returns (stop?, why)."""
+        name = self.monitor
+        if self.check_finite and not math.isfinite(current):
+            return True, f"{name} = {current} is not finite; the best value was {self.best_score:.6g}. Stopping."
+        if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
+            return True, (f"stopping threshold reached: {name} = {current:.6g} "
+                          f"{self.mode_dict[self.mode]} {self.stopping_threshold}. Stopping.")  # fmt: skip
+        if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
+            return True, (f"divergence threshold reached: {name} = {current:.6g} is past "
+                          f"{self.divergence_threshold}. Stopping.")  # fmt: skip
+        improvement = current + self.min_delta if self.mode == "min" else current - self.min_delta
+        if self._better(improvement, self.best_score):
+            previous, self.best_score = self.best_score, current
+            self.wait_count = 0
+            if math.isfinite(previous):
+                return False, f"{name} improved by {abs(previous - current):.6g} to {current:.6g}."
+            return False, f"{name} = {current:.6g} (first value)."
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            return True, (f"{name} did not improve by more than {self.min_delta} in the last {self.wait_count} "
+                          f"checks; the best value was {self.best_score:.6g}. Stopping.")  # fmt: skip
+        return False, None
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed fit needs to keep counting patience."""
+        return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch,
+                "best_score": float(self.best_score), "patience": self.patience}  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.wait_count = state_dict.get("wait_count", 0)
+        self.stopped_epoch = state_dict.get("stopped_epoch", 0)
+        self.best_score = float(state_dict.get("best_score", self.best_score))

@@ -1,0 +1,407 @@
+"""``ModelCheckpoint``: save checkpoints during ``fit`` — the top-k by a monitored metric, the latest, ``last``.
+
+When it saves (Lightning's rules): every ``every_n_train_steps`` optimizer steps, every
+``train_time_interval``, or every ``every_n_epochs`` epochs (the default, 1) — at the end of the training
+epoch, or after validation when validation runs inside epochs or not every epoch. At the end of training it
+also saves the final state when its newest checkpoint is older: ``last`` (with ``save_last``) and, without a
+``monitor``, the latest checkpoint. Nothing is saved under ``fast_dev_run``, during the sanity check, or
+twice for one global step.
+
+Its bookkeeping (``best_k_models``, ``best_model_path``, ``last_model_path``, ...) is saved in every checkpoint
+it writes, so top-k continues correctly after a resume.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from callbacks.callback import Callback
+from strategies.checkpoint_io import atomic_link, remove_checkpoint
+from strategies.errors import ConfigurationError
+from strategies.rank import rank_zero_info, rank_zero_warn
+
+_FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
+_TIME_CHECK_STEPS = 10  # with several processes, the clock is compared (one broadcast) every this many steps
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints while training.
+
+    ``ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=3, filename="{epoch}-{val_loss:.3f}",
+    save_last=True)`` keeps the three best checkpoints by ``val_loss`` plus ``last.ckpt``.
+
+    Args:
+        dirpath: folder; default ``<trainer.log_dir>/checkpoints``.
+        filename: template with ``{epoch}``, ``{step}`` and logged metrics, formats allowed (``{val_loss:.3f}``);
+            with ``auto_insert_metric_name`` each field is written ``name=value``. Default ``"{epoch}-{step}"``.
+        monitor: logged metric ranking the checkpoints; ``None`` keeps the latest ``save_top_k`` (-1, 0 or 1).
+        mode: ``"min"`` or ``"max"``: which values of ``monitor`` are better.
+        save_top_k: how many to keep; ``-1`` keeps all, ``0`` none (``last`` is still written with ``save_last``).
+        save_last: also keep ``last.ckpt`` as the newest state: ``True`` (a hard link to the checkpoint just saved,
+            or a full save), ``"link"`` (a symbolic link where possible).
+        save_weights_only: write module weights and hyperparameters only (not resumable).
+        every_n_train_steps / train_time_interval / every_n_epochs: when to save (mutually exclusive).
+        save_on_train_epoch_end: save at the training epoch's end (``True``) or after validation (``False``);
+            ``None`` decides from the validation schedule.
+        enable_version_counter: add ``-v1``, ``-v2``... instead of overwriting a file of the same name.
+    """
+
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+
+    def __init__(
+        self,
+        dirpath: Optional[Union[str, os.PathLike]] = None,
+        filename: Optional[str] = None,
+        monitor: Optional[str] = None,
+        verbose: bool = False,
+        save_last: Union[None, bool, str] = None,
+        save_top_k: int = 1,
+        save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
+        every_n_train_steps: Optional[int] = None,
+        train_time_interval: Optional[Union[timedelta, float]] = None,
+        every_n_epochs: Optional[int] = None,
+        save_on_train_epoch_end: Optional[bool] = None,
+        enable_version_counter: bool = True,
+    ) -> None:
+        _check_arguments(monitor, mode, save_top_k, save_last, every_n_train_steps, every_n_epochs, train_time_interval)
+        self.dirpath: Optional[str] = os.path.realpath(os.path.expanduser(os.fspath(dirpath))) if dirpath else None
+        self._dirpath_given = dirpath is not None
+        self.filename = filename
+        self.monitor = monitor
+        self.verbose = verbose
+        self.save_last = save_last
+        self.save_top_k = save_top_k
+        self.save_weights_only = save_weights_only
+        self.mode = mode
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self.enable_version_counter = enable_version_counter
+        self._save_on_train_epoch_end = save_on_train_epoch_end
+        if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
+            every_n_epochs = 1
+        self._every_n_train_steps = every_n_train_steps or 0
+        self._every_n_epochs = every_n_epochs or 0
+        seconds = train_time_interval.total_seconds() if isinstance(train_time_interval, timedelta) else train_time_interval
+        self._train_time_interval: Optional[float] = None if seconds is None else float(seconds)
+
+        self.best_k_models: dict[str, torch.Tensor] = {}
+        self.kth_best_model_path = ""
+        self.kth_value = torch.tensor(math.inf if mode == "min" else -math.inf, dtype=torch.float64)
+        self.best_model_path = ""
+        self.best_model_score: Optional[torch.Tensor] = None
+        self.current_score: Optional[torch.Tensor] = None
+        self.last_model_path = ""
+        self._last_global_step_saved = 0
+        self._just_saved = ""  # the file this callback wrote in the current save (last.ckpt links to it)
+        self._last_time_checked: Optional[float] = None
+        self._time_checked_step = -1
+        self._validated = False
+        self._warned: set[str] = set()
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(
+            monitor=self.monitor, mode=self.mode, every_n_train_steps=self._every_n_train_steps,
+            every_n_epochs=self._every_n_epochs, train_time_interval=self._train_time_interval,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        if not self._dirpath_given:
+            self.dirpath = os.path.realpath(os.path.join(trainer.log_dir, "checkpoints"))
+        self.dirpath = trainer.strategy.broadcast(self.dirpath)  # the folder rank 0 writes to, on every rank
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        self._last_time_checked = time.monotonic()
+        self._validated = False
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not (self._every_n_train_steps or self._train_time_interval) or self._skip(trainer):
+            return
+        every = self._every_n_train_steps
+        if (every and trainer.global_step % every == 0) or (self._train_time_interval and self._time_is_up(trainer)):
+            self._save_all(trainer, top_k=True)
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        if not self._skip(trainer) and self._saves_on_train_epoch_end(trainer):
+            self._save_all(trainer, top_k=self._epoch_is_due(trainer))
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if trainer.sanity_checking or trainer.state_stage != "fit":
+            return
+        self._validated = True
+        if not self._skip(trainer) and not self._saves_on_train_epoch_end(trainer):
+            self._save_all(trainer, top_k=self._epoch_is_due(trainer))
+
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        # Training stopped (max_steps mid-epoch, an epoch off the every_n_epochs schedule, early stopping):
+        # the newest checkpoint should be the final state.
+        if not self._skip(trainer) and (self.save_last or self.monitor is None):
+            self._save_all(trainer, top_k=self.monitor is None)
+
+    # ------------------------------------------------------------------ when
+    def _skip(self, trainer: Any) -> bool:
+        return (
+            bool(trainer.fast_dev_run)
+            or trainer.state_stage != "fit"
+            or trainer.sanity_checking
+            or self._last_global_step_saved == trainer.global_step
+        )
+
+    def _epoch_is_due(self, trainer: Any) -> bool:
+        return self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0
+
+    def _saves_on_train_epoch_end(self, trainer: Any) -> bool:
+        if self._save_on_train_epoch_end is not None:
+            return self._save_on_train_epoch_end
+        if trainer.check_val_every_n_epoch != 1:
+            return False
+        if sum(trainer.num_val_batches) == 0:
+            return True
+        return trainer.val_check_interval is None or trainer.val_check_interval == 1.0
+
+    def _time_is_up(self, trainer: Any) -> bool:
+        step = trainer.global_step
+        several = trainer.world_size > 1
+        if step == self._time_checked_step or (several and step % _TIME_CHECK_STEPS):
+            return False
+        self._time_checked_step = step
+        now = time.monotonic()
+        due = self._last_time_checked is not None and now - self._last_time_checked >= self._train_time_interval
+        if several:
+            due = bool(trainer.strategy.broadcast(due))  # clocks differ between ranks; rank 0 decides
+        if due:
+            self._last_time_checked = now
+        return due
+
+    # ------------------------------------------------------------------ saving
+    def _save_all(self, trainer: Any, top_k: bool) -> None:
+        metrics = self._monitor_candidates(trainer)
+        previous_last = self.last_model_path
+        if self.save_last:  # named first, so the checkpoints written now already record it
+            self.last_model_path = self._unique_path(trainer, metrics, self.CHECKPOINT_NAME_LAST, previous_last)
+        self._just_saved = ""
+        if top_k and self.save_top_k != 0:
+            if self.monitor is None:
+                self._save_latest(trainer, metrics)
+            else:
+                self._save_if_top_k(trainer, metrics)
+        if self.save_last:
+            self._write_last(trainer, previous_last)
+
+    def _save_latest(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        path = self._unique_path(trainer, metrics, None, self.best_model_path)
+        previous, self.best_model_path = self.best_model_path, path
+        self._save(trainer, path)
+        if self.save_top_k == 1 and previous:
+            self._remove_if_ours(trainer, previous, path)
+
+    def _save_if_top_k(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        value = metrics.get(self.monitor)
+        if value is None:
+            message = (
+                f"ModelCheckpoint(monitor={self.monitor!r}) found no metric {self.monitor!r} among the logged ones "
+                f"{sorted(metrics)}. Log it with self.log({self.monitor!r}, value) in the TrainModule."
+            )
+            if self._validated:
+                raise ConfigurationError(message)
+            self._warn_once(self.monitor, message + " (Skipping this save until it is logged.)")
+            return
+        current = float(trainer.strategy.broadcast(float(value)))  # every rank decides with rank 0's value
+        if math.isnan(current):
+            current = math.inf if self.mode == "min" else -math.inf
+        if not self._is_top_k(current):
+            if self.verbose:
+                rank_zero_info("Epoch %d, step %d: %r was not in top %d", trainer.current_epoch,
+                               trainer.global_step, self.monitor, self.save_top_k)  # fmt: skip
+            return
+        k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
+        evicted = ""
+        if len(self.best_k_models) == k:
+            evicted = self.kth_best_model_path
+            self.best_k_models.pop(evicted)
+        path = self._unique_path(trainer, metrics, None, evicted)
+        self.current_score = torch.tensor(current, dtype=torch.float64)
+        self.best_k_models[path] = self.current_score
+        if len(self.best_k_models) == k:
+            self.kth_best_model_path = _pick(self.best_k_models, worst=True, mode=self.mode)
+            self.kth_value = self.best_k_models[self.kth_best_model_path]
+        self.best_model_path = _pick(self.best_k_models, worst=False, mode=self.mode)
+        self.best_model_score = self.best_k_models[self.best_model_path]
+        if self.verbose:
+            rank_zero_info("Epoch %d, step %d: %r reached %.5g (best %.5g), saving '%s'", trainer.current_epoch,
+                           trainer.global_step, self.monitor, current, float(self.best_model_score), path)  # fmt: skip
+        self._save(trainer, path)
+        if evicted:
+            self._remove_if_ours(trainer, evicted, path)
+
+    def _is_top_k(self, current: float) -> bool:
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        kth = float(self.best_k_models[self.kth_best_model_path])
+        return current < kth if self.mode == "min" else current > kth
+
+    def _write_last(self, trainer: Any, previous: str) -> None:
+        path = self.last_model_path
+        if self._just_saved:
+            if trainer.is_global_zero:
+                atomic_link(self._just_saved, path, symbolic=self.save_last == "link")
+            trainer.strategy.barrier("ModelCheckpoint.last")
+        else:
+            self._save(trainer, path)
+        if previous:
+            self._remove_if_ours(trainer, previous, path)
+
+    def _save(self, trainer: Any, path: str) -> None:
+        self._last_global_step_saved = trainer.global_step  # before saving: the file records it
+        trainer.save_checkpoint(path, self.save_weights_only)
+        self._just_saved = path
+
+    def _remove_if_ours(self, trainer: Any, previous: str, current: str) -> None:
+        """Delete a file this callback wrote before, unless it is still in use or lies outside ``dirpath``."""
+        if previous == current or previous in self.best_k_models or previous in (self.best_model_path,
+                                                                                  self.last_model_path):
+            return
+        old = Path(previous).absolute()
+        if trainer.ckpt_path is not None and old == Path(trainer.ckpt_path).absolute():
+            return  # the checkpoint this fit resumed from is the user's to delete
+        if self.dirpath is not None and Path(self.dirpath).absolute() in old.parents and trainer.is_global_zero:
+            remove_checkpoint(old)
+
+    # ------------------------------------------------------------------ names
+    def _monitor_candidates(self, trainer: Any) -> dict[str, Any]:
+        metrics = dict(trainer.callback_metrics)
+        metrics["epoch"] = trainer.current_epoch
+        metrics["step"] = trainer.global_step
+        return metrics
+
+    def format_checkpoint_name(self, metrics: dict[str, Any], filename: Optional[str] = None,
+                               ver: Optional[int] = None) -> str:  # fmt: skip
+        """The path for a checkpoint with these metrics: ``filename`` (default: this callback's template)
+        filled in, ``-v{ver}`` appended when given."""
+        template = filename if filename is not None else (self.filename or "{epoch}-{step}")
+        name = _FIELD.sub(lambda match: self._field(match, metrics), template)
+        if ver is not None:
+            name = f"{name}{self.CHECKPOINT_JOIN_CHAR}v{ver}"
+        return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
+
+    def _field(self, match: "re.Match[str]", metrics: dict[str, Any]) -> str:
+        name, spec = match.group(1), (match.group(2) or ":")[1:]
+        value = metrics.get(name)
+        if value is None:
+            self._warn_once(f"template:{name}", f"ModelCheckpoint(filename={self.filename!r}): {name!r} is not logged "
+                                                f"(logged: {sorted(metrics)}); it is written as 0.")  # fmt: skip
+            value = 0
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        try:
+            text = format(value, spec)
+        except (TypeError, ValueError) as err:
+            raise ConfigurationError(
+                f"ModelCheckpoint(filename={self.filename!r}): cannot format {name}={value!r} with ':{spec}' ({err})."
+            ) from None
+        return f"{name}{self.CHECKPOINT_EQUALS_CHAR}{text}" if self.auto_insert_metric_name else text
+
+    def _unique_path(self, trainer: Any, metrics: dict[str, Any], filename: Optional[str], replaceable: str) -> str:
+        path = self.format_checkpoint_name(metrics, filename)
+        version = self.STARTING_VERSION
+        while self.enable_version_counter and path != replaceable and self._exists(trainer, path):
+            path = self.format_checkpoint_name(metrics, filename, ver=version)
+            version += 1
+        return path
+
+    @staticmethod
+    def _exists(trainer: Any, path: str) -> bool:
+        return bool(trainer.strategy.broadcast(os.path.lexists(path)))
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(message)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Bookkeeping saved in checkpoints (scores as floats)."""
+        return {
+            "monitor": self.monitor,
+            "dirpath": self.dirpath,
+            "best_model_path": self.best_model_path,
+            "best_model_score": None if self.best_model_score is None else float(self.best_model_score),
+            "current_score": None if self.current_score is None else float(self.current_score),
+            "best_k_models": {path: float(score) for path, score in self.best_k_models.items()},
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": float(self.kth_value),
+            "last_model_path": self.last_model_path,
+            "last_global_step_saved": self._last_global_step_saved,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the bookkeeping; if ``dirpath`` changed, only ``best_model_path`` is kept (the files elsewhere
+        are not this run's to rotate)."""
+        as_tensor = _score_tensor
+        saved_dir = state_dict.get("dirpath", self.dirpath)
+        if saved_dir == self.dirpath:
+            self.best_model_score = as_tensor(state_dict.get("best_model_score"))
+            self.current_score = as_tensor(state_dict.get("current_score"))
+            self.best_k_models = {p: as_tensor(v) for p, v in state_dict.get("best_k_models", {}).items()}
+            self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
+            self.kth_value = as_tensor(state_dict.get("kth_value", float(self.kth_value)))
+            self.last_model_path = state_dict.get("last_model_path", "")
+        else:
+            rank_zero_warn(
+                f"ModelCheckpoint: the checkpoint folder changed from {saved_dir!r} to {self.dirpath!r}, so only "
+                "best_model_path is restored; top-k bookkeeping starts afresh in the new folder."
+            )
+        self.best_model_path = state_dict.get("best_model_path", "")
+        self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)
+
+
+def _score_tensor(value: Optional[float]) -> Optional[torch.Tensor]:
+    return None if value is None else torch.tensor(value, dtype=torch.float64)
+
+
+def _pick(scores: dict[str, torch.Tensor], worst: bool, mode: str) -> str:
+    lowest = (mode == "min") != worst
+    return (min if lowest else max)(scores, key=lambda path: float(scores[path]))
+
+
+def _check_arguments(monitor: Optional[str], mode: str, save_top_k: Any, save_last: Any, every_n_train_steps: Any,
+                     every_n_epochs: Any, train_time_interval: Any) -> None:  # fmt: skip
+    if mode not in ("min", "max"):
+        raise ConfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid. Use 'min' or 'max'.")
+    if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
+        raise ConfigurationError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int >= -1 (-1 keeps all).")
+    if monitor is None and save_top_k not in (-1, 0, 1):
+        raise ConfigurationError(
+            f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None): without a monitored metric there is no ranking. "
+            "Set monitor='val_loss' (or another logged metric), or use save_top_k=-1 (all), 1 (latest) or 0."
+        )
+    if save_last not in (None, True, False, "link"):
+        raise ConfigurationError(f"ModelCheckpoint(save_last={save_last!r}) must be None, True, False or 'link'.")
+    for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigurationError(f"ModelCheckpoint({name}={value!r}) must be None or an int >= 0.")
+    if train_time_interval is not None:
+        seconds = train_time_interval.total_seconds() if isinstance(train_time_interval, timedelta) else train_time_interval
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise ConfigurationError(
+                f"ModelCheckpoint(train_time_interval={train_time_interval!r}) must be a positive timedelta or seconds."
+            )
+    triggers = [bool(every_n_train_steps), bool(every_n_epochs), train_time_interval is not None]
+    if sum(triggers) > 1:
+        raise ConfigurationError(
+            "ModelCheckpoint: every_n_train_steps, every_n_epochs and train_time_interval are mutually exclusive; "
+            "set one of them."
+        )

@@ -1,0 +1,237 @@
+"""What every multi-process strategy shares: topology from a cluster environment, a launcher when nothing
+else started the processes, the process group and the collectives. ``DDPStrategy`` adds the module wrapping."""
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+from typing import Any, Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from strategies.environments import ClusterEnvironment, LocalEnvironment, detect_environment
+from strategies.errors import ConfigurationError
+from strategies.precision import Precision
+from strategies.rank import rank_zero_only
+from strategies.strategy import Strategy
+
+START_METHODS = ("popen", "spawn", "fork", "forkserver")
+_REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+
+
+def _as_timedelta(timeout: Union[None, float, int, datetime.timedelta]) -> Optional[datetime.timedelta]:
+    if timeout is None or isinstance(timeout, datetime.timedelta):
+        return timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigurationError(f"timeout={timeout!r} must be a positive number of seconds or a datetime.timedelta.")
+    return datetime.timedelta(seconds=timeout)
+
+
+def _distributed_ready() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+class ParallelStrategy(Strategy):
+    """One process per device, on one or several nodes; a base for DDP and sharded strategies.
+
+    ``start_method``: ``"popen"`` re-runs the script for the other ranks (``"ddp"``); ``"spawn"``,
+    ``"fork"``, ``"forkserver"`` start them with ``torch.multiprocessing`` for each stage (``"ddp_spawn"``).
+    Under torchrun or SLURM nothing is launched: the strategy joins the job.
+    """
+
+    is_distributed = True
+
+    def __init__(
+        self,
+        cluster_environment: Optional[ClusterEnvironment] = None,
+        process_group_backend: Optional[str] = None,
+        timeout: Union[None, float, datetime.timedelta] = None,
+        start_method: str = "popen",
+        precision: Optional[Precision] = None,
+    ) -> None:
+        super().__init__(precision=precision)
+        if start_method not in START_METHODS:
+            raise ConfigurationError(f"start_method={start_method!r} is not known. Valid values: {', '.join(START_METHODS)}.")
+        if process_group_backend is not None and process_group_backend not in ("gloo", "nccl", "mpi", "ucc", "xccl"):
+            raise ConfigurationError(
+                f"process_group_backend={process_group_backend!r} is not known. Use 'gloo' (CPU) or 'nccl' (CUDA), "
+                "or None to choose by device."
+            )
+        self.cluster_environment = cluster_environment
+        self.process_group_backend = process_group_backend
+        self.timeout = _as_timedelta(timeout)
+        self.start_method = start_method
+        self.parallel_devices: list[torch.device] = [self._root_device]
+        self.num_nodes = 1
+        self._ranks: Optional[tuple[int, int, int, int]] = None  # (world size, global, local, node) once set up
+        self._owns_process_group = False
+        self._stage_finished = False  # the last stage ended normally: the process group is healthy
+
+    def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
+        super().connect(devices, num_nodes, precision)
+        kind = devices[0].type if devices else "cpu"
+        if kind == "mps":
+            raise ConfigurationError(
+                f"strategy={self.strategy_name!r} needs CPU processes (gloo) or CUDA GPUs (nccl); MPS runs one "
+                "device only. Use accelerator='cpu' with devices=N, or devices=1 on MPS."
+            )
+        if self.process_group_backend == "nccl" and kind != "cuda":
+            raise ConfigurationError(
+                "process_group_backend='nccl' needs CUDA GPUs but the devices resolved to the CPU. Use 'gloo' (or None)."
+            )
+        self.parallel_devices = list(devices)
+        self.num_nodes = num_nodes
+        env = self.cluster_environment or detect_environment() or LocalEnvironment()
+        env.validate(len(devices), num_nodes)
+        self.cluster_environment = env
+        self.launcher = None
+        if not env.creates_processes_externally:
+            from strategies.launchers import SpawnLauncher, SubprocessScriptLauncher
+
+            if self.start_method == "popen":
+                self.launcher = SubprocessScriptLauncher(env, len(devices))
+            else:
+                self.launcher = SpawnLauncher(env, len(devices), self.start_method)
+
+    # ------------------------------------------------------------------ topology
+    def _topology(self) -> tuple[int, int, int, int]:
+        if self._ranks is not None:
+            return self._ranks
+        env = self.cluster_environment
+        if env is None:
+            return (1, 0, 0, 0)
+        return (env.world_size(), env.global_rank(), env.local_rank(), env.node_rank())
+
+    @property
+    def world_size(self) -> int:
+        return self._topology()[0]
+
+    @property
+    def global_rank(self) -> int:
+        return self._topology()[1]
+
+    @property
+    def local_rank(self) -> int:
+        return self._topology()[2]
+
+    @property
+    def node_rank(self) -> int:
+        return self._topology()[3]
+
+    @property
+    def distributed_sampler_kwargs(self) -> Optional[dict[str, int]]:
+        world, rank = self._topology()[:2]
+        return {"num_replicas": world, "rank": rank}
+
+    @property
+    def process_group_backend_name(self) -> str:
+        """The backend in use: the one given, else nccl on CUDA and gloo on the CPU."""
+        if self.process_group_backend is not None:
+            return self.process_group_backend
+        return "nccl" if self.root_device.type == "cuda" else "gloo"
+
+    def setup_environment(self) -> None:
+        """Read this process's ranks, pick its device, join (or create) the process group."""
+        env = self.cluster_environment
+        if env is None:
+            raise RuntimeError(f"{type(self).__name__}.setup_environment() called before connect().")
+        self._stage_finished = False
+        self._ranks = (env.world_size(), env.global_rank(), env.local_rank(), env.node_rank())
+        local_rank = self._ranks[2]
+        if local_rank >= len(self.parallel_devices):
+            raise ConfigurationError(
+                f"This process has LOCAL_RANK={local_rank} but only {len(self.parallel_devices)} device(s) per node are "
+                "configured. Set devices to the number of processes per node."
+            )
+        self._root_device = self.parallel_devices[local_rank]
+        if self._root_device.type == "cuda":
+            torch.cuda.set_device(self._root_device)
+        rank_zero_only.rank = self._ranks[1]
+        self._init_process_group(env)
+        super().setup_environment()
+
+    def _init_process_group(self, env: ClusterEnvironment) -> None:
+        if not dist.is_available():
+            raise ConfigurationError("This PyTorch build has no torch.distributed support; use devices=1.")
+        world, rank = self._ranks[:2]
+        if dist.is_initialized():
+            if dist.get_world_size() != world or dist.get_rank() != rank:
+                raise ConfigurationError(
+                    f"A process group of world size {dist.get_world_size()} (rank {dist.get_rank()}) already exists, "
+                    f"but this Trainer expects world size {world} (rank {rank})."
+                )
+            return
+        os.environ["MASTER_ADDR"] = env.main_address
+        os.environ["MASTER_PORT"] = str(env.main_port)
+        options: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
+        dist.init_process_group(self.process_group_backend_name, rank=rank, world_size=world, **options)
+        self._owns_process_group = True
+        atexit.register(self._destroy_process_group)
+
+    # ------------------------------------------------------------------ collectives
+    def barrier(self, name: Optional[str] = None) -> None:
+        if not _distributed_ready():
+            return
+        if self.process_group_backend_name == "nccl":
+            dist.barrier(device_ids=[self.root_device.index])
+        else:
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not _distributed_ready():
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def all_gather(self, tensor: Tensor) -> Tensor:
+        """Every rank's ``tensor`` (same shape on every rank), stacked along a new first dimension."""
+        if not _distributed_ready():
+            return tensor.unsqueeze(0)
+        local = tensor.detach().to(self.root_device).contiguous()
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local)
+        return torch.stack(gathered).to(tensor.device)
+
+    def reduce(self, tensor: Tensor, op: str = "mean") -> Tensor:
+        """A new tensor holding ``tensor`` reduced over ranks; the argument is left unchanged."""
+        if op not in _REDUCE_OPS:
+            raise ConfigurationError(f"reduce(op={op!r}) is not supported. Use 'mean', 'sum', 'max' or 'min'.")
+        if not _distributed_ready():
+            return tensor
+        result = tensor.detach().to(self.root_device, copy=True)
+        if op == "mean" and not result.is_floating_point():
+            result = result.to(torch.get_default_dtype())
+        dist.all_reduce(result, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+        if op == "mean":
+            result /= self.world_size
+        return result.to(tensor.device)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        if not _distributed_ready():
+            return decision
+        votes = torch.tensor(int(bool(decision)), device=self.root_device)
+        dist.all_reduce(votes, op=dist.ReduceOp.SUM)
+        count = int(votes.item())
+        return count == self.world_size if all else count > 0
+
+    def teardown(self) -> None:
+        """Drop the wrapper after a stage. The process group stays for this process's next stage (creating a
+        new one on the same port would race with ranks still leaving the old one); it is destroyed at exit."""
+        self.model = self.module
+        self._stage_finished = True
+
+    def _destroy_process_group(self) -> None:
+        # Only after a clean stage: after a failure a peer may be gone and destroying could block on it.
+        if self._owns_process_group and self._stage_finished and _distributed_ready():
+            dist.destroy_process_group()
+        self._owns_process_group = False
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(strategy={self.strategy_name!r}, devices={len(self.parallel_devices)}, "
+            f"num_nodes={self.num_nodes}, environment={type(self.cluster_environment).__name__}, "
+            f"precision={self.precision.name!r})"
+        )

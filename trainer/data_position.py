@@ -1,0 +1,220 @@
+"""Where an epoch's training data stands, so a fit resumed mid-epoch continues at the very next batch.
+
+A map-style ``DataLoader`` is positioned through its index sampler (the batch sampler, or the sampler when
+``batch_size=None``): the first ``k`` index batches are drawn and dropped, and no sample is loaded for them.
+The order of the indices is reproduced by giving the sampler the random state it had when the epoch's
+order was drawn: ``RandomSampler`` without a generator seeds itself from the global torch RNG at the first
+index of each epoch, and ``iter(DataLoader)`` draws its worker base seed from it as well, so that state
+(and the state of any ``torch.Generator`` the loader or sampler holds) is captured at the moment the
+sampler starts, every epoch, and saved in checkpoints. A ``DistributedSampler`` needs only ``set_epoch``.
+
+Anything else (an ``IterableDataset``, a plain iterable of batches) cannot be positioned: its iterator is
+rebuilt from the random state captured before the epoch's ``iter()`` and the finished batches are read
+again and dropped.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+from typing import Any, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from strategies.rank import rank_zero_warn
+from trainer.seed import capture_rng_state, restore_rng_state
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """Call ``set_epoch(epoch)`` once on every sampler, batch sampler and dataset of ``loader`` that has it."""
+    seen: set[int] = set()
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for obj in (getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None),
+                getattr(loader, "dataset", None)):  # fmt: skip
+        if obj is not None and id(obj) not in seen and callable(getattr(obj, "set_epoch", None)):
+            seen.add(id(obj))
+            obj.set_epoch(epoch)
+
+
+def _replicas(loader: Any) -> int:
+    """How many processes share the loader's data (a DistributedSampler's ``num_replicas``), else 1."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for obj in (getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
+        replicas = getattr(obj, "num_replicas", None)
+        if isinstance(replicas, int):
+            return replicas
+    return 1
+
+
+def _generators(loader: Any) -> list[torch.Generator]:
+    found: dict[int, torch.Generator] = {}
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for obj in (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
+        generator = getattr(obj, "generator", None)
+        if isinstance(generator, torch.Generator):
+            found.setdefault(id(generator), generator)
+    return list(found.values())
+
+
+def _capture(generators: list[torch.Generator]) -> dict[str, Any]:
+    return {"rng": capture_rng_state(cuda=False), "generators": [g.get_state() for g in generators]}
+
+
+def _restore(state: dict[str, Any], generators: list[torch.Generator]) -> None:
+    restore_rng_state(state["rng"])
+    saved = state.get("generators", [])
+    if len(saved) != len(generators):
+        rank_zero_warn(
+            f"The training dataloader now has {len(generators)} torch.Generator(s) but the checkpoint recorded "
+            f"{len(saved)}; the resumed epoch's shuffle order may differ from the interrupted one."
+        )
+    for generator, generator_state in zip(generators, saved):
+        generator.set_state(generator_state)
+
+
+def _index_attribute(loader: Any) -> Optional[str]:
+    """The DataLoader attribute that yields this loader's indices, or ``None`` when it cannot be positioned."""
+    if (not isinstance(loader, DataLoader) or type(loader).__iter__ is not DataLoader.__iter__
+            or isinstance(loader.dataset, IterableDataset)):  # fmt: skip
+        return None
+    return "batch_sampler" if loader.batch_sampler is not None else "sampler"
+
+
+class _IndexSampler:
+    """Stands in for a DataLoader's index sampler: records the random state at each epoch's first index and,
+    when armed, starts the next epoch ``skip`` index batches in."""
+
+    def __init__(self, inner: Any, generators: list[torch.Generator]) -> None:
+        self.inner = inner
+        self.generators = generators
+        self.start_state: Optional[dict[str, Any]] = None
+        self.armed: Optional[tuple[int, dict[str, Any]]] = None
+        self.positioned: Optional[_PositionedIndices] = None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        # A DataLoader iterator may call this more than once while it is created (the multi-worker one does,
+        # and uses the last): the arming lasts until the caller disarms it, and nothing is drawn until used.
+        if self.armed is None:
+            self.positioned = None
+            return self._epoch()
+        self.positioned = _PositionedIndices(self, *self.armed)
+        return self.positioned
+
+    def _epoch(self) -> Iterator[Any]:
+        self.start_state = _capture(self.generators)  # runs at the first index: where the sampler draws its seed
+        yield from self.inner
+
+
+class _PositionedIndices:
+    """The index batches of a resumed epoch: the sampler restarts from the saved state and drops ``skip``."""
+
+    def __init__(self, owner: _IndexSampler, skip: int, state: dict[str, Any]) -> None:
+        self.owner = owner
+        self.skip = skip
+        self.state = state
+        self.iterator: Optional[Iterator[Any]] = None
+
+    def prime(self) -> None:
+        """Draw and drop the finished index batches now (before the training RNG is put back)."""
+        if self.iterator is not None:
+            return
+        owner = self.owner
+        _restore(self.state, owner.generators)
+        owner.start_state = self.state
+        iterator = iter(owner.inner)
+        next(itertools.islice(iterator, self.skip - 1, self.skip), None)
+        self.iterator = iterator
+
+    def __iter__(self) -> "_PositionedIndices":
+        return self
+
+    def __next__(self) -> Any:
+        if self.iterator is None:
+            self.prime()
+        return next(self.iterator)
+
+
+@contextlib.contextmanager
+def _standing_in(loader: DataLoader, attribute: str, sampler: _IndexSampler) -> Iterator[None]:
+    # DataLoader forbids setting its samplers after construction; the swap lasts only while the epoch's
+    # iterator is created (which keeps its own reference), so the user's loader is left as it was.
+    original = getattr(loader, attribute)
+    object.__setattr__(loader, attribute, sampler)
+    try:
+        yield
+    finally:
+        object.__setattr__(loader, attribute, original)
+
+
+class TrainDataPosition:
+    """Creates each epoch's training iterator, positioned on resume; its state goes into checkpoints."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.replicas = 1
+        self._loader: Any = None
+        self._sampler: Optional[_IndexSampler] = None
+        self._replay_state: Optional[dict[str, Any]] = None
+        self._warned_replay = False
+
+    def iterator(self, loader: Any, epoch: int, skip: int = 0, saved: Optional[dict[str, Any]] = None) -> Iterator[Any]:
+        """This epoch's iterator over ``loader``, after ``skip`` batches when resuming from ``saved``."""
+        set_sampler_epoch(loader, epoch)
+        self.epoch = epoch
+        self.replicas = _replicas(loader)
+        start = saved.get("start") if saved is not None and saved.get("epoch") == epoch else None
+        if skip and saved is not None and start is None:
+            rank_zero_warn(
+                "The checkpoint does not record the training sampler's state for this epoch; the resumed epoch "
+                "continues at the same batch position, but a shuffled order may differ from the interrupted run."
+            )
+        if skip and saved is not None and saved.get("replicas", self.replicas) != self.replicas:
+            rank_zero_warn(
+                f"The checkpoint was saved mid-epoch with the data split {saved.get('replicas')} ways, now "
+                f"{self.replicas}: until this epoch ends, some samples may be seen twice and others not at all."
+            )
+        attribute = _index_attribute(loader)
+        if attribute is None:
+            return self._replayed(loader, skip, start)
+        sampler = self._index_sampler(loader, attribute)
+        if skip:
+            sampler.armed = (skip, start if start is not None else _capture(sampler.generators))
+        with _standing_in(loader, attribute, sampler):
+            iterator = iter(loader)
+        sampler.armed = None
+        if sampler.positioned is not None:
+            sampler.positioned.prime()
+        return iterator
+
+    def _index_sampler(self, loader: DataLoader, attribute: str) -> _IndexSampler:
+        if self._loader is not loader or self._sampler is None:
+            self._loader = loader
+            self._sampler = _IndexSampler(getattr(loader, attribute), _generators(loader))
+        return self._sampler
+
+    def _replayed(self, loader: Any, skip: int, start: Optional[dict[str, Any]]) -> Iterator[Any]:
+        self._sampler = None
+        generators = _generators(loader)
+        if skip and start is not None:
+            _restore(start, generators)
+        self._replay_state = _capture(generators)
+        iterator = iter(loader)
+        if skip:
+            if not self._warned_replay:
+                self._warned_replay = True
+                rank_zero_warn(
+                    f"Resuming mid-epoch: {type(loader).__name__} has no sampler to position (an IterableDataset or a "
+                    f"custom iterable), so the {skip} finished batches are read again and dropped. Give the dataset "
+                    "a length and use a DataLoader with a sampler to skip them without loading."
+                )
+            next(itertools.islice(iterator, skip - 1, skip), None)
+        return iterator
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch, the random state its order was drawn from and the data split (plain values and tensors)."""
+        sampler = self._sampler
+        start = sampler.start_state if sampler is not None else self._replay_state
+        return {"epoch": self.epoch, "start": start, "replicas": self.replicas}

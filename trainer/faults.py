@@ -1,0 +1,155 @@
+"""Fault handling during a fit: stop signals and non-finite losses, acted on by all ranks at the same step.
+
+The training loop calls :meth:`FaultMonitor.check` after an optimizer step only when
+``global_step >= due_step`` (one integer comparison per batch). With one process ``due_step`` is far away
+until a signal arrives (the handler pulls it to 0) or the non-finite buffer wants reading. With several
+processes the ranks must agree, so every rank checks at the same steps: the interval is chosen from the
+measured step time so that the one small collective (a max-reduce of [signal, interval, -bad step]) runs
+about every ``target_seconds``, whatever the step time, and never more than once per step.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import torch
+
+from strategies.errors import ConfigurationError
+from strategies.rank import rank_zero_print
+from trainer.nonfinite import NONFINITE_MODES, BadLoss, NonFiniteGuard, NonFiniteLossError
+from trainer.signals import DEFAULT_STOP_SIGNALS, SignalConnector, parse_signals
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainer.trainer import Trainer
+
+_NEVER = sys.maxsize
+_NO_BAD_STEP = -(2**62)
+
+
+class FaultMonitor:
+    """Owns the signal connector and the non-finite guard of one Trainer."""
+
+    target_seconds = 2.0
+    max_interval = 100
+
+    def __init__(self, trainer: "Trainer", stop_signals: Any = DEFAULT_STOP_SIGNALS,
+                 on_nonfinite_loss: Optional[str] = None) -> None:  # fmt: skip
+        self.trainer = trainer
+        self.signals = SignalConnector(parse_signals(stop_signals))
+        self.signals.on_receive = self._on_signal
+        if on_nonfinite_loss is not None and on_nonfinite_loss not in NONFINITE_MODES:
+            raise ConfigurationError(
+                f"on_nonfinite_loss={on_nonfinite_loss!r} is not valid. Use 'stop' (end the fit, naming the step "
+                "and the last good checkpoint), 'skip' (drop such batches), 'raise' or 'ignore'; None picks 'stop', "
+                "or 'ignore' under 16-mixed where the gradient scaler already skips those steps."
+            )
+        if on_nonfinite_loss is None:
+            on_nonfinite_loss = "ignore" if getattr(trainer.strategy.precision, "scaler", None) is not None else "stop"
+        self.mode = on_nonfinite_loss
+        progress = trainer.fit_loop.progress
+        self.guard: Optional[NonFiniteGuard] = None if self.mode == "ignore" else NonFiniteGuard(self.mode, progress)
+        self.due_step = _NEVER
+        self.status = "success"
+        self._active = False
+        self._periodic = False  # whether checks run on a schedule (buffer to read, or ranks to agree with)
+        self._last_time = 0.0
+        self._last_step = 0
+
+    # ------------------------------------------------------------------ fit scope
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[None]:
+        """Handle signals and non-finite losses for the duration of a fit."""
+        trainer = self.trainer
+        self.status = "success"
+        self._active = True
+        distributed = trainer.world_size > 1
+        if self.guard is not None:
+            self.guard.reset()
+            self.guard.zero_loss = _zero_loss(trainer.module) if distributed else None
+        self._last_time = time.monotonic()
+        self._last_step = trainer.fit_loop.progress.global_step
+        self._periodic = self.guard is not None or (distributed and bool(self.signals.actions))
+        self.due_step = self._last_step + 1 if self._periodic else _NEVER
+        self.signals.install()
+        try:
+            yield
+        except NonFiniteLossError as err:
+            self.status = "failed"
+            if self.mode != "stop":
+                raise
+            rank_zero_print(f"Training stopped. {err}", file=sys.stderr)
+        finally:
+            self.signals.uninstall()
+            self._active = False
+            self.due_step = _NEVER
+
+    def _on_signal(self, signum: int) -> None:
+        if self.trainer.world_size == 1:
+            self.due_step = 0  # act after the current step; several ranks wait for the agreed step
+
+    # ------------------------------------------------------------------ check points
+    def check(self) -> None:
+        """At an optimizer-step boundary: agree with the other ranks on signals and non-finite losses, then act."""
+        trainer = self.trainer
+        step = trainer.fit_loop.progress.global_step
+        signum = self.signals.received or 0
+        bad = self.guard.flush() if self.guard is not None else None
+        interval = self._interval(step)
+        if trainer.world_size > 1:
+            signum, interval, bad = self._agree(signum, interval, bad)
+        self.due_step = step + interval if self._periodic else _NEVER
+        if bad is not None:
+            raise NonFiniteLossError(self._message(bad))
+        if signum:
+            self.signals.act(trainer, signum)
+
+    def before_save(self) -> None:
+        """Refuse to save a checkpoint when a non-finite loss was recorded since the last check (all ranks call it)."""
+        if not self._active or self.guard is None:
+            return
+        bad = self.guard.flush()
+        if self.trainer.world_size > 1:
+            _, _, bad = self._agree(0, 1, bad)
+        if bad is not None:
+            raise NonFiniteLossError(self._message(bad))
+
+    def _interval(self, step: int) -> int:
+        now = time.monotonic()
+        steps, elapsed = step - self._last_step, now - self._last_time
+        self._last_time, self._last_step = now, step
+        if steps <= 0 or elapsed <= 0:
+            return 1
+        return max(1, min(self.max_interval, int(self.target_seconds * steps / elapsed)))
+
+    def _agree(self, signum: int, interval: int, bad: Optional[BadLoss]) -> tuple[int, int, Optional[BadLoss]]:
+        strategy = self.trainer.strategy
+        local_bad = -bad.global_step if bad is not None else _NO_BAD_STEP
+        flags = torch.tensor([signum, interval, local_bad], dtype=torch.int64, device=strategy.root_device)
+        signum, interval, worst = (int(v) for v in strategy.reduce(flags, op="max").tolist())
+        if bad is None and worst != _NO_BAD_STEP:
+            bad = BadLoss(float("nan"), -worst)
+        elif bad is not None and -worst < bad.global_step:
+            bad = BadLoss(float("nan"), -worst)  # another rank saw one earlier
+        return signum, interval, bad
+
+    def _message(self, bad: BadLoss) -> str:
+        last = self.trainer._checkpoint.last_saved_path
+        text = f"The training loss was {bad.value} at {bad.where()}; no checkpoint was saved after it."
+        if last:
+            text += (f" The last checkpoint saved before it is '{last}': resume from it with fit(ckpt_path='{last}'), "
+                     "perhaps with a lower learning rate or gradient clipping.")  # fmt: skip
+        else:
+            text += " No checkpoint was saved before it in this fit."
+        return text + " Trainer(on_nonfinite_loss='skip') drops such batches instead; 'raise' raises this error."
+
+
+def _zero_loss(module: Any) -> Any:
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    def zero() -> torch.Tensor:
+        # Every rank must run a backward that reaches every parameter, or the gradient all-reduce hangs.
+        return torch.stack([p.sum() for p in params]).sum() * 0.0
+
+    return zero

@@ -1,0 +1,55 @@
+"""A stage run in spawned processes (``ddp_spawn``): what rank 0 sends back, and how the caller adopts it.
+
+The caller's Trainer and module did not run the stage, so after it they take over rank 0's final state:
+the module's weights, the loop progress, the metrics and the callbacks' state (e.g. a checkpoint
+callback's best path), and the stage's return value.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from trainer.module import TrainModule
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainer.trainer import Trainer
+
+
+def _to_cpu(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+
+
+def run_and_pack(trainer: "Trainer", fn: Callable[..., Any], args: tuple) -> Any:
+    """Run the stage on this rank; global rank 0 returns its result with the state the caller adopts."""
+    result = fn(*args)
+    if not trainer.is_global_zero:
+        return None
+    return {
+        "result": result,
+        "state_dict": _to_cpu(trainer.module.state_dict()) if trainer.module is not None else None,
+        "progress": trainer.fit_loop.progress.state_dict(),
+        "callback_metrics": _to_cpu(trainer._callback_metrics),
+        "logged_metrics": _to_cpu(trainer._logged_metrics),
+        "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+    }
+
+
+def run_spawned(trainer: "Trainer", launcher: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn(*args)`` through a launcher whose processes are new, then adopt rank 0's state here."""
+    model = next((arg for arg in args if isinstance(arg, TrainModule)), None)
+    packed = launcher.launch(run_and_pack, trainer, fn, args)
+    if packed is None:
+        return None
+    if model is not None and packed["state_dict"] is not None:
+        model.load_state_dict(packed["state_dict"])
+        model.trainer = trainer
+        trainer.module = model
+    trainer.fit_loop.progress.load_state_dict(packed["progress"])
+    trainer._callback_metrics.update(packed["callback_metrics"])
+    trainer._logged_metrics.update(packed["logged_metrics"])
+    for callback in trainer.callbacks:
+        state = packed["callbacks"].get(callback.state_key)
+        if state:
+            callback.load_state_dict(state)
+    return packed["result"]

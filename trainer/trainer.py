@@ -19,12 +19,14 @@ from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_only
 from strategies.strategy import Strategy
 from trainer import data as data_utils
+from trainer import slurm_requeue
 from trainer.arguments import build_callbacks, build_loggers, checkpoints_last, set_deterministic, validate_arguments
 from trainer.checkpointing import CheckpointConnector
 from trainer.datamodule import DataModule
 from trainer.distributed_data import balance_training_batches
 from trainer.faults import FaultMonitor
 from trainer.hooks import HookDispatcher, overrides
+from trainer.launch_defaults import with_launch_defaults
 from trainer.logged_metrics import ResultCollection
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
 from trainer.loops.fit_loop import FitLoop
@@ -33,7 +35,6 @@ from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module import TrainModule
 from trainer.optimizers import SchedulerConfig, parse_optimizers
 from trainer.seed import isolated_rng, seed_everything
-from trainer.launch_defaults import with_launch_defaults
 from trainer.spawned import run_spawned
 
 
@@ -116,6 +117,7 @@ class Trainer:
         self.fit_loop = FitLoop(self)
         self._checkpoint = CheckpointConnector(self)
         self._faults = FaultMonitor(self, stop_signals, on_nonfinite_loss)
+        slurm_requeue.connect(self)
         self.ckpt_path: Optional[str] = None  # the checkpoint the last fit/validate/test restored
         self._optimizers: list[torch.optim.Optimizer] = []
         self._manual_optimizers: list[ManualOptimizer] = []
@@ -231,6 +233,8 @@ class Trainer:
             self.strategy.setup_module(model)
             self._setup_optimizers(model)
             self.should_stop = False
+            if ckpt_path is None:
+                ckpt_path = slurm_requeue.resume_path(self)
             if ckpt_path is not None:
                 self._checkpoint.restore_training(ckpt_path)
             model.train()

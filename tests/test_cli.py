@@ -179,6 +179,8 @@ def test_slurm_misuse(tmp_path, capsys, monkeypatch):
     assert status == 2 and "'B:' signals only the batch shell" in err
     status, _, err = cli(capsys, "slurm", script, "--signal", "NOPE@3")
     assert status == 2 and "--signal 'NOPE@3' is not understood" in err
+    status, _, err = cli(capsys, "slurm", script, "--devices-per-node", "2", "--trainer.devices", "1")
+    assert status == 2 and "--trainer.devices 1 contradicts the launch's devices=2" in err
     status, _, err = cli(capsys, "slurm", "missing.py")
     assert status == 2 and "does not exist" in err
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -196,3 +198,11 @@ def test_env_reports_versions_devices_and_cluster(capsys, monkeypatch):
     assert "name" in info["cluster"]
     status, out, _ = cli(capsys, "env")
     assert status == 0 and out.startswith("trainer")
+
+
+def test_env_inside_a_torchrun_job_reports_its_ranks(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "trainer", "run", "--module", "trainer", "env", "--json"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    cluster = json.loads(result.stdout)["cluster"]
+    assert (cluster["name"], cluster["world_size"], cluster["global_rank"]) == ("TorchElasticEnvironment", 1, 0)

@@ -47,7 +47,8 @@ class Trainer:
 
     Faults during fit (:mod:`trainer.faults`): ``stop_signals`` finish the current optimizer step, save
     ``interrupted.ckpt`` and exit (SIGINT: raise ``KeyboardInterrupt``); ``on_nonfinite_loss`` is "stop" (the
-    default; "ignore" under 16-mixed, whose scaler skips such steps), "skip", "raise" or "ignore".
+    default; "ignore" under 16-mixed, whose scaler skips such steps), "skip", "raise" or "ignore". Under SLURM,
+    SIGUSR1 also saves, requeues the job and exits; the requeued job resumes (:mod:`trainer.slurm_requeue`).
     """
 
     @with_launch_defaults

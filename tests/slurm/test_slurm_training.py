@@ -4,6 +4,7 @@ Each job must end with the weights of the same training run as 2 processes witho
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -71,3 +72,18 @@ def test_sigterm_saves_and_exits_without_requeue(slurm_cluster, tmp_path):
     info = slurm_cluster.wait(job_id, timeout=120)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", job_log(tmp_path, job_id)
     assert (out / "checkpoints" / "interrupted.ckpt").exists() and not (out / "weights-0.pt").exists()
+
+
+def test_a_task_count_mismatch_names_the_matching_sbatch_lines(slurm_cluster, tmp_path):
+    """Two tasks, but the Trainer is told devices=1: the job fails saying which #SBATCH lines would match."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "job.sbatch").write_text(
+        f"#!/bin/bash\n#SBATCH --ntasks=2\n#SBATCH --output={tmp_path}/logs/train-%j.out\n"
+        f"export TRAINER_ARGS='{{\"devices\": 1, \"accelerator\": \"cpu\"}}'\n"
+        f"srun {sys.executable} {TRAIN} {tmp_path / 'out'} --steps 1\n"
+    )
+    job_id = slurm_cluster.submit(tmp_path / "job.sbatch", cwd=tmp_path)
+    info = slurm_cluster.wait(job_id, timeout=120)
+    log = job_log(tmp_path, job_id)
+    assert info["JobState"] == "FAILED", log
+    assert "SLURM started 2 task(s)" in log and "#SBATCH --ntasks-per-node=1" in log

@@ -84,5 +84,11 @@ def job_variables(
     plain ``Trainer()`` in the script joins a job of the size that was launched.
     """
     args = {key: getattr(config, key) for key in ("devices", "num_nodes") if key in config.given}
+    for key, value in trainer_args.items():
+        if key in args and value != args[key]:
+            raise ConfigurationError(
+                f"--trainer.{key} {value!r} contradicts the launch's {key}={args[key]!r} (a flag or the config file): "
+                f"the job starts {args[key]} there. Set it once, with the launch flag."
+            )
     args.update(trainer_args)
     return {**config.env, **launch_environment(config_path, args)}

@@ -70,10 +70,8 @@ def _backends(torch: Any) -> dict[str, bool]:
 
 def _cluster() -> dict[str, Any]:
     """The detected cluster environment and this process's place in it."""
-    try:
-        from strategies.environments import detect_environment
-    except ImportError:
-        return {"name": "unknown (this build has no cluster environments)"}
+    from strategies.environments import detect_environment
+
     try:
         env = detect_environment()
         if env is None:

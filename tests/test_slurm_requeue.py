@@ -1,12 +1,15 @@
-"""SLURM auto-requeue pieces without a cluster: the requeue command (and its override), the resume choice."""
+"""SLURM auto-requeue without a cluster: the requeue command and its override, the signal action in one
+process (saved, requeued, exit status), and the resume choice of a requeued job."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 import pytest
 from helpers import Regressor, loader, quiet_trainer
 
+from callbacks import Callback
 from strategies.environments import SLURMEnvironment
 from strategies.errors import ConfigurationError
 from trainer import slurm_requeue
@@ -47,6 +50,37 @@ def test_a_slurm_task_handles_the_requeue_signal(slurm_task):
     trainer = quiet_trainer()
     assert signal.SIGUSR1 in trainer._faults.signals.actions
     assert slurm_requeue.slurm_environment(trainer).requeue_signal == signal.SIGUSR1
+
+
+class SignalAtStep(Callback):
+    """Sends this process ``signum`` after optimizer step ``step`` (as scancel --signal would)."""
+
+    def __init__(self, step: int, signum: int = signal.SIGUSR1) -> None:
+        self.step, self.signum = step, signum
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_sigusr1_saves_runs_the_requeue_command_and_exits(slurm_task, monkeypatch, tmp_path, capsys):
+    marker = tmp_path / "requeued"
+    monkeypatch.setenv("TRAINER_REQUEUE_COMMAND", f"{sys.executable} -c \"open('{marker}', 'w').write('{{job_id}}')\"")
+    trainer = quiet_trainer(max_steps=20, default_root_dir=tmp_path, callbacks=[SignalAtStep(3)])
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.fit(Regressor(), loader())
+    assert exit_info.value.code == 0 and marker.read_text() == "4242" and trainer.global_step == 3
+    assert (tmp_path / "checkpoints" / "interrupted.ckpt").exists()
+    assert "SIGUSR1: saved" in capsys.readouterr().out
+
+
+def test_a_failed_requeue_keeps_the_checkpoint_and_fails_the_job(slurm_task, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("TRAINER_REQUEUE_COMMAND", f"{sys.executable} -c \"import sys; sys.exit('Requeue disabled')\"")
+    trainer = quiet_trainer(max_steps=20, default_root_dir=tmp_path, callbacks=[SignalAtStep(2)])
+    with pytest.raises(SystemExit) as exit_info:
+        trainer.fit(Regressor(), loader())
+    assert exit_info.value.code == 1 and (tmp_path / "checkpoints" / "interrupted.ckpt").exists()
+    assert "could not be requeued" in capsys.readouterr().err
 
 
 def test_requeued_job_resumes_from_the_newest_checkpoint(slurm_task, monkeypatch, tmp_path, capsys):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import shlex
 import signal
-from typing import TYPE_CHECKING, Optional
+import sys
+from typing import TYPE_CHECKING, Callable, Optional
 
 from strategies.environments.slurm import SLURMEnvironment
 
@@ -40,13 +41,20 @@ def connect(trainer: "Trainer") -> None:
         trainer._faults.signals.register(env.requeue_signal, _save_and_requeue(env))
 
 
-def _save_and_requeue(env: SLURMEnvironment):
+def _save_and_requeue(env: SLURMEnvironment) -> Callable[["Trainer", int], None]:
     def action(trainer: "Trainer", signum: int) -> None:
         path = trainer._checkpoint.save_interrupted()  # every rank (collectives); rank 0 writes
-        if trainer.is_global_zero:
+        if not trainer.is_global_zero:
+            raise SystemExit(0)
+        name, command = signal.Signals(signum).name, shlex.join(env.requeue_command())
+        try:
             env.requeue()
-            print(f"[trainer] {signal.Signals(signum).name}: saved '{path}' at global step {trainer.global_step} and "
-                  f"requeued the job with `{shlex.join(env.requeue_command())}`; it resumes from there.", flush=True)  # fmt: skip
+        except RuntimeError as err:
+            print(f"[trainer] {name}: saved '{path}' at global step {trainer.global_step}, but the job could not be "
+                  f"requeued: {err} Resubmit it: fit() resumes with ckpt_path='last'.", file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(1) from None
+        print(f"[trainer] {name}: saved '{path}' at global step {trainer.global_step} and requeued the job with "
+              f"`{command}`; it resumes from there.", flush=True)  # fmt: skip
         raise SystemExit(0)
 
     return action

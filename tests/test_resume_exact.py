@@ -149,3 +149,25 @@ def test_sigkill_during_a_large_save_leaves_the_previous_last_ckpt_loadable(tmp_
     atomic_save({"global_step": 3}, target)  # the next save cleans up what the killed writer left
     assert safe_load(target)["global_step"] == 3
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ddp-uninterrupted")
+    run_fit(root, root / "weights.pt", "--devices", "2")
+    return root / "weights.pt"
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    "kill",
+    [
+        pytest.param(["--kill-batch", "7"], id="ddp-mid-epoch"),
+        pytest.param(["--kill-batch", "8", "--save-every-batch"], id="ddp-inside-accumulation-window"),
+    ],
+)
+def test_killed_ddp_fit_resumes_bitwise_equal(ddp_reference: Path, tmp_path: Path, kill: list[str]) -> None:
+    """Two DDP ranks (shuffled DistributedSampler) killed mid-epoch resume to the uninterrupted weights."""
+    run_fit(tmp_path, tmp_path / "weights.pt", "--devices", "2", *kill, expect=KILLED)
+    run_fit(tmp_path, tmp_path / "weights.pt", "--devices", "2", "--resume")
+    assert_same_weights(ddp_reference, tmp_path / "weights.pt")

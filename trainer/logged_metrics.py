@@ -3,7 +3,13 @@
 The hot path (``ResultCollection.log``) stores a detached reference for step values and, for epoch
 values, adds ``value * batch_size`` into an on-device accumulator in place. Nothing is read on the host
 until a consumer asks (a logger at its interval, a callback reading ``trainer.callback_metrics``, the
-progress bar at its refresh rate), and ``sync_dist`` reductions happen only then, once per new value.
+progress bar at its refresh rate).
+
+Cross-rank reductions (``sync_dist=True``, and torchmetrics' own sync in ``compute()``) happen only when the
+Trainer asks with ``sync=True`` at points every rank reaches together: the logging interval, the end of a
+training epoch, the end of an evaluation epoch. Any other read (``trainer.callback_metrics`` from a
+callback that runs on rank 0 only, say) returns the last synchronised value or the local one, and never
+issues a collective, so it cannot deadlock.
 """
 from __future__ import annotations
 
@@ -121,40 +127,51 @@ class LoggedValue:
                 self.total = value if self.total is None else (max if reduce == "max" else min)(self.total, value)
                 self.weight += 1
 
-    def step_value(self, reduce_fn: Callable[[Tensor, str], Tensor]) -> Any:
-        """The latest value (synchronised across ranks if ``sync_dist``), cached until the next update."""
-        if self._step_cache is None:
-            value = self.last
-            if self.metric is not None:
-                value = getattr(self.metric, "_forward_cache", None)
-                if value is None:
-                    return None
-            if not isinstance(value, Tensor):
-                value = torch.tensor(value)
-            if self.sync_dist:
-                value = reduce_fn(value.clone(), self.reduce)
-            self._step_cache = value
-        return self._step_cache
-
-    def epoch_value(self, reduce_fn: Callable[[Tensor, str], Tensor]) -> Any:
-        """The epoch aggregate so far (weighted mean, sum, max or min), cached until the next update."""
-        if self._epoch_cache is None:
-            if self.metric is not None:
-                self._epoch_cache = self.metric.compute()
-                return self._epoch_cache
-            if self.weight == 0:
+    def step_value(self, reduce_fn: Callable[[Tensor, str], Tensor], sync: bool, distributed: bool) -> Any:
+        """The latest value. With ``sync_dist`` it is reduced across ranks only when ``sync`` is True (and
+        cached until the next update); otherwise the local value is returned."""
+        if self._step_cache is not None:
+            return self._step_cache
+        value = self.last
+        if self.metric is not None:
+            value = getattr(self.metric, "_forward_cache", None)
+            if value is None:
                 return None
-            total = self.total if isinstance(self.total, Tensor) else torch.tensor(self.total, dtype=torch.float64)
-            if self.reduce == "mean":
-                if self.sync_dist:
-                    pair = torch.stack([total.to(torch.float64), torch.tensor(float(self.weight), dtype=torch.float64, device=total.device)])
-                    pair = reduce_fn(pair, "sum")
-                    value = pair[0] / pair[1]
-                else:
-                    value = total / self.weight
+        if not isinstance(value, Tensor):
+            value = torch.tensor(value)
+        if self.sync_dist and distributed:
+            if not sync:
+                return value
+            value = reduce_fn(value.clone(), self.reduce)
+        self._step_cache = value
+        return value
+
+    def epoch_value(self, reduce_fn: Callable[[Tensor, str], Tensor], sync: bool, distributed: bool) -> Any:
+        """The epoch aggregate so far (weighted mean, sum, max or min). Cross-rank reductions, including a
+        torchmetrics ``compute()``, run only when ``sync`` is True; the result is cached until the next update."""
+        if self._epoch_cache is not None:
+            return self._epoch_cache
+        if self.metric is not None:
+            if distributed and not sync:
+                return None  # compute() would be a collective
+            self._epoch_cache = self.metric.compute()
+            return self._epoch_cache
+        if self.weight == 0:
+            return None
+        total = self.total if isinstance(self.total, Tensor) else torch.tensor(self.total, dtype=torch.float64)
+        reduce_now = self.sync_dist and distributed
+        if reduce_now and not sync:
+            return (total / self.weight if self.reduce == "mean" else total).to(torch.float32)
+        if self.reduce == "mean":
+            if reduce_now:
+                weight = torch.tensor(float(self.weight), dtype=torch.float64, device=total.device)
+                pair = reduce_fn(torch.stack([total.to(torch.float64), weight]), "sum")
+                value = pair[0] / pair[1]
             else:
-                value = reduce_fn(total.clone(), self.reduce) if self.sync_dist else total
-            self._epoch_cache = value.to(torch.float32)
+                value = total / self.weight
+        else:
+            value = reduce_fn(total.clone(), self.reduce) if reduce_now else total
+        self._epoch_cache = value.to(torch.float32)
         return self._epoch_cache
 
     def reset_epoch(self) -> None:
@@ -176,7 +193,7 @@ class ResultCollection:
     training), True in epoch-level hooks (defaults on_epoch=True). Evaluation stages default to epoch values.
     """
 
-    def __init__(self, stage: str, reduce_fn: Callable[[Tensor, str], Tensor]) -> None:
+    def __init__(self, stage: str, strategy: Any) -> None:
         self.stage = stage
         self.training = stage == "train"
         self.epoch_level = False
@@ -185,7 +202,8 @@ class ResultCollection:
         self.batch: Any = None
         self._batch_size: Optional[int] = None
         self.dataloader_idx: Optional[int] = None  # set by evaluation loops with several dataloaders
-        self._reduce_fn = reduce_fn
+        self._strategy = strategy  # reduces sync_dist values (Strategy.reduce) at sync points
+        self._reduce_fn = strategy.reduce
 
     # ------------------------------------------------------------------ hot path
     def set_batch(self, batch: Any) -> None:
@@ -274,27 +292,36 @@ class ResultCollection:
         self.values.clear()
         self.epoch_done = False
 
-    def step_metrics(self, logger_only: bool = False) -> dict[str, Any]:
+    def step_metrics(self, logger_only: bool = False, sync: bool = False) -> dict[str, Any]:
         """Latest step values; keys get a ``_step`` suffix when the name is also logged per epoch."""
+        distributed = self._strategy.world_size > 1
         out: dict[str, Any] = {}
         for key, entry in self.values.items():
             if not entry.on_step or entry.last is None or (logger_only and not entry.logger):
                 continue
-            value = entry.step_value(self._reduce_fn)
+            value = entry.step_value(self._reduce_fn, sync, distributed)
             if value is not None:
                 out[f"{key}_step" if entry.on_epoch else key] = value
         return out
 
-    def epoch_metrics(self, logger_only: bool = False) -> dict[str, Any]:
+    def epoch_metrics(self, logger_only: bool = False, sync: bool = False) -> dict[str, Any]:
         """Epoch aggregates so far; keys get an ``_epoch`` suffix when the name is also logged per step."""
+        distributed = self._strategy.world_size > 1
         out: dict[str, Any] = {}
         for key, entry in self.values.items():
             if not entry.on_epoch or (logger_only and not entry.logger):
                 continue
-            value = entry.epoch_value(self._reduce_fn)
+            value = entry.epoch_value(self._reduce_fn, sync, distributed)
             if value is not None:
                 out[f"{key}_epoch" if entry.on_step else key] = value
         return out
+
+    def sync(self, epoch: bool) -> None:
+        """Reduce every ``sync_dist`` value (and compute torchmetrics) across ranks now: a collective that
+        every rank must reach. ``epoch=False`` syncs step values only."""
+        self.step_metrics(sync=True)
+        if epoch:
+            self.epoch_metrics(sync=True)
 
     def callback_metrics(self, epoch_done: bool) -> dict[str, Any]:
         """Every value under its plain name (epoch value once the epoch is done, else the latest step value)."""
@@ -310,28 +337,30 @@ class ResultCollection:
 
     def prog_bar_metrics(self) -> dict[str, float]:
         """Values logged with ``prog_bar=True`` as floats (reads the device: call at refresh intervals only)."""
+        distributed = self._strategy.world_size > 1
         out: dict[str, float] = {}
         for key, entry in self.values.items():
             if not entry.prog_bar:
                 continue
             if entry.on_step and entry.last is not None:
-                value = entry.step_value(self._reduce_fn)
+                value = entry.step_value(self._reduce_fn, False, distributed)
                 if value is not None:
                     out[f"{key}_step" if entry.on_epoch else key] = float(value)
             if entry.on_epoch and (not entry.on_step or self.epoch_done):
-                value = entry.epoch_value(self._reduce_fn)
+                value = entry.epoch_value(self._reduce_fn, False, distributed)
                 if value is not None:
                     out[f"{key}_epoch" if entry.on_step else key] = float(value)
         return out
 
     def eval_results(self, num_dataloaders: int) -> list[dict[str, float]]:
         """Epoch values per dataloader for validate()/test(): a value logged without a dataloader index
-        appears in every dict."""
+        appears in every dict. Call after :meth:`sync` on every rank."""
+        distributed = self._strategy.world_size > 1
         per_loader: list[dict[str, float]] = [{} for _ in range(max(num_dataloaders, 1))]
         for key, entry in self.values.items():
             if not entry.on_epoch:
                 continue
-            value = entry.epoch_value(self._reduce_fn)
+            value = entry.epoch_value(self._reduce_fn, False, distributed)
             if value is None:
                 continue
             name = f"{key}_epoch" if entry.on_step else key

@@ -29,8 +29,8 @@ def run_and_pack(trainer: "Trainer", fn: Callable[..., Any], args: tuple) -> Any
         "result": result,
         "state_dict": _to_cpu(trainer.module.state_dict()) if trainer.module is not None else None,
         "progress": trainer.fit_loop.progress.state_dict(),
-        "callback_metrics": _to_cpu(trainer._callback_metrics),
-        "logged_metrics": _to_cpu(trainer._logged_metrics),
+        "callback_metrics": _to_cpu(trainer._metrics.callback_metrics),
+        "logged_metrics": _to_cpu(trainer._metrics.logged_metrics),
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
     }
 
@@ -46,8 +46,8 @@ def run_spawned(trainer: "Trainer", launcher: Any, fn: Callable[..., Any], *args
         model.trainer = trainer
         trainer.module = model
     trainer.fit_loop.progress.load_state_dict(packed["progress"])
-    trainer._callback_metrics.update(packed["callback_metrics"])
-    trainer._logged_metrics.update(packed["logged_metrics"])
+    trainer._metrics.callback_metrics.update(packed["callback_metrics"])
+    trainer._metrics.logged_metrics.update(packed["logged_metrics"])
     for callback in trainer.callbacks:
         state = packed["callbacks"].get(callback.state_key)
         if state:

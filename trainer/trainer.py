@@ -16,7 +16,6 @@ from callbacks.callback import Callback
 from loggers.logger import Logger
 from strategies.connector import build_strategy
 from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_only
 from strategies.strategy import Strategy
 from trainer import data as data_utils
 from trainer import slurm_requeue
@@ -28,6 +27,7 @@ from trainer.faults import FaultMonitor
 from trainer.hooks import HookDispatcher, overrides
 from trainer.launch_defaults import with_launch_defaults
 from trainer.logged_metrics import ResultCollection
+from trainer.metrics_connector import MetricsConnector
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
 from trainer.loops.fit_loop import FitLoop
 from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
@@ -123,12 +123,8 @@ class Trainer:
         self._optimizers: list[torch.optim.Optimizer] = []
         self._manual_optimizers: list[ManualOptimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
-        self._results: Optional[ResultCollection] = None
-        self._train_results = ResultCollection("train", self.strategy.reduce)
-        self._val_results = ResultCollection("validate", self.strategy.reduce)
-        self._callback_metrics: dict[str, Any] = {}
-        self._logged_metrics: dict[str, Any] = {}
-        self._progress_bar_metrics: dict[str, float] = {}
+        self._results: Optional[ResultCollection] = None  # the running stage's; read by module.log (hot path)
+        self._metrics = MetricsConnector(self)
         self._train_dataloader: Any = None
         self._val_dataloaders: list[Any] = []
         self._val_batch_limits: list[float] = []
@@ -240,15 +236,15 @@ class Trainer:
                 self._checkpoint.restore_training(ckpt_path)
             model.train()
             self._call_hook("on_fit_start")
-            self._logger_hyperparams(model)
+            self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses
                 self._run_sanity_check()
                 epoch_loop = TrainingEpochLoop(self, self._optimization)
-                self._results = self._train_results
+                self._results = self._metrics.train
                 with torch.autograd.set_detect_anomaly(True) if self.detect_anomaly else contextlib.nullcontext():
                     self.fit_loop.run(epoch_loop)
             self._call_hook("on_fit_end")
-            self._finalize_loggers(self._faults.status)
+            self._metrics.finalize(self._faults.status)
 
     def _evaluate(self, stage: str, model: Optional[TrainModule], dataloaders: Any, ckpt_path: Any,
                   datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
@@ -271,11 +267,11 @@ class Trainer:
             self.strategy.setup_module(model)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
-            results = ResultCollection(stage, self.strategy.reduce)
+            results = self._metrics.new_collection(stage)
             outputs = EvaluationLoop(self, stage).run(loaders, limits, results)
             if verbose and self.is_global_zero:
                 _print_results(stage, outputs)
-            self._finalize_loggers("success")
+            self._metrics.finalize("success")
             return outputs
 
     def _predict_impl(self, model: TrainModule, dataloaders: Any, datamodule: Optional[DataModule],
@@ -312,7 +308,7 @@ class Trainer:
         except BaseException as exc:
             for hook in self._hooks.callback_hooks["on_exception"]:
                 hook(self, model, exc)
-            self._finalize_loggers("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
+            self._metrics.finalize("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
         finally:
             self._call_hook("teardown", stage)
@@ -433,12 +429,12 @@ class Trainer:
             with isolated_rng():  # a check must not change the training that follows
                 for hook in self._hooks.callback_hooks["on_sanity_check_start"]:
                     hook(self, self.module)
-                EvaluationLoop(self, "validate").run(self._val_dataloaders, limits, self._val_results, False)
+                EvaluationLoop(self, "validate").run(self._val_dataloaders, limits, self._metrics.val, False)
                 for hook in self._hooks.callback_hooks["on_sanity_check_end"]:
                     hook(self, self.module)
         finally:
             self.sanity_checking = False
-            self._val_results.reset()
+            self._metrics.val.reset()
 
     def _run_validation_in_fit(self) -> None:
         progress = self.fit_loop.progress
@@ -446,7 +442,7 @@ class Trainer:
         def mark_done() -> None:
             progress.val_pending = False  # a checkpoint saved in on_validation_end must not re-run this validation
 
-        EvaluationLoop(self, "validate").run(self._val_dataloaders, self._val_batch_limits, self._val_results,
+        EvaluationLoop(self, "validate").run(self._val_dataloaders, self._val_batch_limits, self._metrics.val,
                                              True, mark_done)  # fmt: skip
         progress.val_pending = False
 
@@ -456,55 +452,6 @@ class Trainer:
 
     def _call_hook(self, name: str, *args: Any) -> Any:
         return self._hooks(self, name, *args)
-
-    # ------------------------------------------------------------------ metrics to loggers
-    def _logger_step(self) -> int:
-        return max(self.fit_loop.progress.batches_that_stepped - 1, 0)
-
-    def _send_to_loggers(self, metrics: dict[str, Any]) -> None:
-        if not metrics:
-            return
-        metrics = dict(metrics, epoch=self.current_epoch)
-        self._logged_metrics.update(metrics)
-        if self.loggers and self.is_global_zero:
-            floats = {k: float(v) for k, v in metrics.items()}
-            step = self._logger_step()
-            for logger in self.loggers:
-                logger.log_metrics(floats, step)
-
-    def _log_step_metrics(self) -> None:
-        metrics = self._train_results.step_metrics(logger_only=True)
-        skipped = self.fit_loop.progress.skipped_steps
-        if skipped:
-            metrics["skipped_steps"] = skipped
-        self._send_to_loggers(metrics)
-
-    def _log_epoch_metrics(self, results: ResultCollection) -> None:
-        self._callback_metrics.update(results.callback_metrics(epoch_done=True))
-        self._progress_bar_metrics.update(results.prog_bar_metrics())
-        self._send_to_loggers(results.epoch_metrics(logger_only=True))
-
-    def _finish_eval_metrics(self, results: ResultCollection, num_loaders: int, log: bool) -> list[dict[str, float]]:
-        per_loader = results.eval_results(num_loaders)
-        if log:
-            self._callback_metrics.update(results.callback_metrics(epoch_done=True))
-            self._progress_bar_metrics.update(results.prog_bar_metrics())
-            self._send_to_loggers(results.epoch_metrics(logger_only=True))
-        return per_loader
-
-    @rank_zero_only
-    def _logger_hyperparams(self, model: TrainModule) -> None:
-        params = dict(model.hparams)
-        if self.datamodule is not None and hasattr(self.datamodule, "hparams"):
-            params.update(dict(self.datamodule.hparams))
-        for logger in self.loggers:
-            logger.log_hyperparams(params)
-            logger.log_graph(model)  # a no-op unless the logger was asked to, e.g. TensorBoardLogger(log_graph=True)
-
-    def _finalize_loggers(self, status: str) -> None:
-        if self.is_global_zero:
-            for logger in self.loggers:
-                logger.finalize(status)
 
     # ------------------------------------------------------------------ public properties
     @property
@@ -559,26 +506,21 @@ class Trainer:
 
     @property
     def callback_metrics(self) -> dict[str, Any]:
-        """Latest value of everything logged (tensors): what checkpointing/early stopping monitor."""
-        results = self._results
-        if results is not None and not self.sanity_checking and results.values:
-            self._callback_metrics.update(results.callback_metrics(results.epoch_done))
-        return self._callback_metrics
+        """Latest value of everything logged (tensors): what checkpointing/early stopping monitor.
+
+        Reading it never issues a collective: ``sync_dist`` values are the ones reduced at the last logging
+        interval or epoch end (the local value in between)."""
+        return self._metrics.read_callback_metrics()
 
     @property
     def logged_metrics(self) -> dict[str, Any]:
         """What was last sent to the loggers."""
-        return self._logged_metrics
+        return self._metrics.logged_metrics
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         """Values logged with ``prog_bar=True`` (floats), plus ``skipped_steps`` when the scaler skipped any."""
-        results = self._results
-        if results is not None and not self.sanity_checking:
-            self._progress_bar_metrics.update(results.prog_bar_metrics())
-        if self.skipped_steps:
-            self._progress_bar_metrics["skipped_steps"] = float(self.skipped_steps)
-        return self._progress_bar_metrics
+        return self._metrics.read_progress_bar_metrics()
 
     @property
     def logger(self) -> Optional[Logger]:
@@ -644,7 +586,7 @@ class Trainer:
     @property
     def training(self) -> bool:
         """True while fit is running training batches (not validation)."""
-        return self.state_stage == "fit" and self._results is self._train_results
+        return self.state_stage == "fit" and self._results is self._metrics.train
 
     @property
     def validating(self) -> bool:

@@ -2,7 +2,7 @@
 gradient accumulation and validation inside epochs.
 
     python resumable_fit.py ROOT OUT [--kill-batch N] [--kill-val N] [--save-every-batch] [--resume]
-                            [--sleep S] [--ready-after N --ready-file PATH]
+                            [--sleep S] [--ready-after N --ready-file PATH] [--devices N]
 
 ROOT holds the checkpoints; OUT receives the final module weights. ``--kill-batch N`` ends the process with
 ``os._exit`` before the micro-batch after N finished ones; ``--kill-val N`` during the N-th validation batch
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--ready-after", type=int, default=0)
     parser.add_argument("--ready-file", default="")
+    parser.add_argument("--devices", type=int, default=1, help="> 1: DDP over that many CPU processes")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -113,12 +114,14 @@ def main(argv: list[str] | None = None) -> None:
         callbacks.append(SaveEveryBatch(os.path.join(checkpoint_dir, "every-batch.ckpt")))
     if args.ready_after:
         callbacks.append(Ready(args.ready_after, args.ready_file))
+    distributed = {"devices": args.devices, "strategy": "ddp", "accelerator": "cpu"} if args.devices > 1 else {}
     trainer = Trainer(
-        max_epochs=3, accumulate_grad_batches=3, val_check_interval=4, default_root_dir=args.root, logger=False,
+        **distributed, max_epochs=3, accumulate_grad_batches=3, val_check_interval=4, default_root_dir=args.root, logger=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, stop_signals=("SIGTERM",),
     )
     trainer.fit(module, train, val, ckpt_path="last" if args.resume else None)
-    torch.save(module.state_dict(), args.out)
+    if trainer.is_global_zero:
+        torch.save(module.state_dict(), args.out)
 
 
 if __name__ == "__main__":

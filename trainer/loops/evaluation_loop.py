@@ -82,7 +82,7 @@ class EvaluationLoop:
                 results.epoch_level = True
                 results.epoch_done = True
                 call_hook(f"on_{prefix}_epoch_end")
-                per_loader = trainer._finish_eval_metrics(results, len(loaders), log_to_loggers)
+                per_loader = trainer._metrics.finish_eval(results, len(loaders), log_to_loggers)
                 if before_end is not None:
                     before_end()
                 call_hook(f"on_{prefix}_end")

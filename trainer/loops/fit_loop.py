@@ -93,7 +93,7 @@ class FitLoop:
         while not self.done:
             loader = trainer._train_dataloader
             num_batches = trainer.num_training_batches
-            results = trainer._train_results
+            results = trainer._metrics.train
             if progress.batch_in_epoch == 0:
                 results.reset_epoch()
             results.epoch_level = True
@@ -113,17 +113,18 @@ class FitLoop:
     def _end_epoch(self) -> None:
         trainer = self.trainer
         progress = self.progress
-        results = trainer._train_results
+        results = trainer._metrics.train
         results.epoch_done = True
         results.epoch_level = True
         module_hook = trainer._hooks.module_hooks.get("on_train_epoch_end")
         if module_hook is not None:
             module_hook()
+        trainer._metrics.sync_train_epoch()  # every rank: sync_dist values reduced before anyone decides on them
         step_schedulers(trainer.lr_scheduler_configs, "epoch", progress.epoch + 1, lambda: trainer.callback_metrics)
         progress.epoch_finished = True
         for hook in trainer._hooks.callback_hooks["on_train_epoch_end"]:
             hook(trainer, trainer.module)
-        trainer._log_epoch_metrics(results)
+        trainer._metrics.log_train_epoch()
         results.epoch_done = False
         progress.epoch += 1
         progress.batch_in_epoch = 0

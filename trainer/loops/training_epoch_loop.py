@@ -53,7 +53,7 @@ class TrainingEpochLoop:
         trainer = self.trainer
         progress = trainer.fit_loop.progress
         strategy = trainer.strategy
-        results = trainer._train_results
+        results = trainer._metrics.train
         batch_start = trainer._hooks.caller(trainer, "on_train_batch_start")
         batch_end = trainer._hooks.caller(trainer, "on_train_batch_end")
         faults = trainer._faults
@@ -105,7 +105,7 @@ class TrainingEpochLoop:
                 batch_end(outputs, batch, batch_idx - 1)
 
             if stepped and progress.batches_that_stepped % log_every == 0:
-                trainer._log_step_metrics()
+                trainer._metrics.log_step()
             if stepped and progress.global_step >= faults.due_step:
                 faults.check()  # before validation: a checkpoint saved here resumes with validation pending
             if progress.val_pending:

@@ -1,0 +1,116 @@
+"""Where logged values go: ``trainer.callback_metrics``, the progress bar and the loggers.
+
+It also decides *when* values logged with ``sync_dist=True`` (and torchmetrics objects) are reduced across
+ranks: only at points every rank reaches together — every ``log_every_n_steps`` optimizer steps, at the end
+of a training epoch (after the module's ``on_train_epoch_end``, before callbacks decide anything), and at
+the end of an evaluation epoch. Reads in between return the last reduced value or the local one.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from strategies.rank import rank_zero_only
+from trainer.logged_metrics import ResultCollection
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainer.trainer import Trainer
+
+
+class MetricsConnector:
+    """Holds the training/validation result collections and routes their values to their consumers."""
+
+    def __init__(self, trainer: "Trainer") -> None:
+        self.trainer = trainer
+        self.train = self.new_collection("train")
+        self.val = self.new_collection("validate")
+        self.callback_metrics: dict[str, Any] = {}
+        self.logged_metrics: dict[str, Any] = {}
+        self.progress_bar_metrics: dict[str, float] = {}
+
+    def new_collection(self, stage: str) -> ResultCollection:
+        """A ResultCollection reducing through this Trainer's strategy."""
+        return ResultCollection(stage, self.trainer.strategy)
+
+    # ------------------------------------------------------------------ live reads (never collective)
+    def read_callback_metrics(self) -> dict[str, Any]:
+        """Everything logged so far, refreshed from the running stage."""
+        trainer = self.trainer
+        results = trainer._results
+        if results is not None and not trainer.sanity_checking and results.values:
+            self.callback_metrics.update(results.callback_metrics(results.epoch_done))
+        return self.callback_metrics
+
+    def read_progress_bar_metrics(self) -> dict[str, float]:
+        """``prog_bar=True`` values as floats, plus ``skipped_steps`` once the fp16 scaler skipped any."""
+        trainer = self.trainer
+        results = trainer._results
+        if results is not None and not trainer.sanity_checking:
+            self.progress_bar_metrics.update(results.prog_bar_metrics())
+        if trainer.skipped_steps:
+            self.progress_bar_metrics["skipped_steps"] = float(trainer.skipped_steps)
+        return self.progress_bar_metrics
+
+    # ------------------------------------------------------------------ sync points (every rank)
+    def log_step(self) -> None:
+        """At a logging interval: reduce step values, send them to the loggers."""
+        self.train.sync(epoch=False)
+        metrics = self.train.step_metrics(logger_only=True)
+        skipped = self.trainer.skipped_steps
+        if skipped:
+            metrics["skipped_steps"] = skipped
+        self.send(metrics)
+
+    def sync_train_epoch(self) -> None:
+        """After the module's ``on_train_epoch_end``: reduce the epoch values before callbacks read them."""
+        self.train.sync(epoch=True)
+
+    def log_train_epoch(self) -> None:
+        """At the end of a training epoch: keep the epoch values and send them to the loggers."""
+        results = self.train
+        self.callback_metrics.update(results.callback_metrics(epoch_done=True))
+        self.progress_bar_metrics.update(results.prog_bar_metrics())
+        self.send(results.epoch_metrics(logger_only=True))
+
+    def finish_eval(self, results: ResultCollection, num_loaders: int, log: bool) -> list[dict[str, float]]:
+        """At the end of an evaluation epoch: reduce, keep and log the values; one dict per dataloader."""
+        results.sync(epoch=True)
+        per_loader = results.eval_results(num_loaders)
+        if log:
+            self.callback_metrics.update(results.callback_metrics(epoch_done=True))
+            self.progress_bar_metrics.update(results.prog_bar_metrics())
+            self.send(results.epoch_metrics(logger_only=True))
+        return per_loader
+
+    # ------------------------------------------------------------------ loggers (global rank 0 writes)
+    def logger_step(self) -> int:
+        """The step index loggers record: that of the last optimizer step (0-based, as in Lightning)."""
+        return max(self.trainer.fit_loop.progress.batches_that_stepped - 1, 0)
+
+    def send(self, metrics: dict[str, Any]) -> None:
+        """Record ``metrics`` as logged (with the epoch) and write them on global rank 0."""
+        if not metrics:
+            return
+        trainer = self.trainer
+        metrics = dict(metrics, epoch=trainer.current_epoch)
+        self.logged_metrics.update(metrics)
+        if trainer.loggers and trainer.is_global_zero:
+            floats = {k: float(v) for k, v in metrics.items()}
+            step = self.logger_step()
+            for logger in trainer.loggers:
+                logger.log_metrics(floats, step)
+
+    @rank_zero_only
+    def log_hyperparams(self, model: Any, datamodule: Optional[Any]) -> None:
+        """Send the module's (and datamodule's) hyperparameters, and the graph where asked for."""
+        params = dict(model.hparams)
+        if datamodule is not None and hasattr(datamodule, "hparams"):
+            params.update(dict(datamodule.hparams))
+        for logger in self.trainer.loggers:
+            logger.log_hyperparams(params)
+            logger.log_graph(model)  # a no-op unless the logger was asked to, e.g. TensorBoardLogger(log_graph=True)
+
+    def finalize(self, status: str) -> None:
+        """Close every logger with the run's status."""
+        if self.trainer.is_global_zero:
+            for logger in self.trainer.loggers:
+                logger.finalize(status)

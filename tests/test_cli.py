@@ -145,6 +145,18 @@ def test_run_starts_two_processes_through_torchrun(tmp_path):
     assert json.loads(reports[0]["TRAINER_ARGS"]) == {"devices": 2, "max_epochs": 2}
 
 
+def test_run_max_restarts_reaches_the_elastic_agent(tmp_path):
+    env = dict(os.environ, OUT_DIR=str(tmp_path / "out"), FAIL_FIRST_ATTEMPT="1")
+    command = [sys.executable, "-m", "trainer", "run", "--devices", "2", str(SCRIPTS / "report.py")]
+    failed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert failed.returncode != 0 and not (tmp_path / "out").exists()
+    restarted = subprocess.run(command[:4] + ["--max-restarts", "1"] + command[4:], env=env, capture_output=True,
+                               text=True, timeout=120)  # fmt: skip
+    assert restarted.returncode == 0, restarted.stderr
+    reports = [json.loads((tmp_path / "out" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["TORCHELASTIC_RESTART_COUNT"] for r in reports] == ["1", "1"]
+
+
 # ---------------------------------------------------------------------------------------------- slurm
 def test_slurm_writes_the_sbatch_script(tmp_path, capsys):
     status, out, _ = cli(capsys, "slurm", str(SCRIPTS / "report.py"), "--nodes", "2", "--devices-per-node", "4",

@@ -33,15 +33,16 @@ def start(command: list[str], env: Optional[dict[str, str]] = None, cwd: Optiona
                             text=True, start_new_session=True)  # fmt: skip
 
 
-def finish(process: subprocess.Popen, timeout: float = 180) -> str:
-    """Wait for ``process``; on a hang kill its whole session and fail. Returns the output, raising on failure."""
+def finish(process: subprocess.Popen, timeout: float = 180, expect: int = 0) -> str:
+    """Wait for ``process``; on a hang kill its whole session and fail. Returns the output, raising unless the
+    exit status is ``expect``."""
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         raise AssertionError(f"{' '.join(process.args)} did not finish within {timeout:.0f}s:\n{output}") from None
-    if process.returncode != 0:
+    if process.returncode != expect:
         raise AssertionError(f"{' '.join(process.args)} exited with {process.returncode}:\n{output}")
     return output
 

@@ -134,3 +134,19 @@ def test_what_cannot_be_honoured_is_an_error_naming_the_key(sharded_strategies, 
 def test_a_sharded_type_without_its_strategy_says_so():
     with pytest.raises(ConfigurationError, match="deepspeed_config.zero_stage: needs strategy 'zero2'.*Available"):
         translate(MULTI_GPU, distributed_type="DEEPSPEED", deepspeed_config={"zero_stage": 2})
+
+
+def test_trainer_run_takes_an_accelerate_file_for_its_launch_settings(tmp_path, capsys):
+    """The multi-machine file as `trainer run --config`: torchrun's static rendezvous on machine 1 of 2, four
+    processes per machine, GPUs 0-3 only, and the Trainer arguments passed on through TRAINER_CONFIG."""
+    from trainer.cli import main
+    from trainer.yaml_config import trainer_settings
+
+    (tmp_path / "acc.yaml").write_text(MULTI_GPU.replace("gpu_ids: all", "gpu_ids: 0,1,2,3"))
+    (tmp_path / "train.py").write_text("")
+    assert main(["run", "--config", str(tmp_path / "acc.yaml"), "--dry-run", str(tmp_path / "train.py")]) == 0
+    out = capsys.readouterr().out
+    assert "--nnodes 2 --node-rank 1 --master-addr 10.0.0.4 --master-port 5000 --nproc-per-node 4" in out
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in out and f"TRAINER_CONFIG={tmp_path / 'acc.yaml'}" in out
+    assert trainer_settings(tmp_path / "acc.yaml") == {
+        "devices": 4, "num_nodes": 2, "precision": "bf16-mixed", "accelerator": "gpu", "strategy": "ddp"}  # fmt: skip

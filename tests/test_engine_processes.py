@@ -7,15 +7,14 @@ checks one outcome. Every process is bounded by a timeout and dumps its stacks i
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 
+from launching import finish, start
 from test_ddp_processes import clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,27 +28,22 @@ pytestmark = [
 ]
 
 
-def run(command: list[str], cwd: Path) -> tuple[int, str]:
-    """Run to the end of its output (every rank it started has exited); a hang kills the session and fails."""
-    proc = subprocess.Popen(command, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise AssertionError(f"{command} did not finish in {TIMEOUT_S}s:\n{output[-6000:]}") from None
-    return proc.returncode, output
+def run(command: list[str], cwd: Path, expect: int = 0) -> str:
+    """Run to the end of its output (every rank it started has exited); a hang or another exit status fails."""
+    return finish(start(command, clean_env(), cwd), TIMEOUT_S, expect)
 
 
 def reports(out: Path) -> list[dict]:
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
 
 
+EXPECTED_STATUS = {"parity": 0, "killed": KILLED, "resumed": 0}
+
+
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
+def jobs(tmp_path_factory) -> dict[str, tuple[Path, str, Optional[AssertionError]]]:
     tmp = tmp_path_factory.mktemp("engine_jobs")
-    folders = {name: tmp / name for name in ("parity", "killed", "resumed")}
+    folders = {name: tmp / name for name in EXPECTED_STATUS}
     for folder in folders.values():
         folder.mkdir()
     state = folders["killed"] / "state"
@@ -58,31 +52,32 @@ def jobs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
         "killed": [sys.executable, str(JOB), str(folders["killed"]), "killed", str(state)],
         "resumed": [sys.executable, str(JOB), str(folders["resumed"]), "resumed", str(state)],
     }
-    results: dict[str, tuple[int, str, Path]] = {}
+    results: dict[str, tuple[Path, str, Optional[AssertionError]]] = {}
 
-    def start(name: str) -> None:
-        results[name] = (*run(commands[name], folders[name]), folders[name])
+    def launch(name: str) -> None:
+        try:
+            results[name] = (folders[name], run(commands[name], folders[name], EXPECTED_STATUS[name]), None)
+        except AssertionError as failure:  # reported by the tests that need this job
+            results[name] = (folders[name], "", failure)
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        first = [pool.submit(start, name) for name in ("parity", "killed")]
-        concurrent.futures.wait(first)
-        later = [pool.submit(start, "resumed")]
-        concurrent.futures.wait(later)
-    for future in first + later:
-        future.result()
+        list(pool.map(launch, ("parity", "killed")))
+    launch("resumed")
     return results
 
 
-def ok(jobs: dict, name: str) -> list[dict]:
-    code, output, folder = jobs[name]
-    assert code == 0, output[-8000:]
-    return reports(folder)
+def job(jobs: dict, name: str) -> tuple[Path, str]:
+    """The job's folder and output; fails with the job's own failure."""
+    folder, output, failure = jobs[name]
+    if failure is not None:
+        raise failure
+    return folder, output
 
 
 def test_engine_loop_equals_the_trainer_and_one_process_with_the_global_batch(jobs):
     """2 ranks, gloo, 16-mixed on the CPU (inf gradients skip the first steps), accumulation 2 with a partial
     last window, clipping, SGD with momentum, a step LR scheduler, a shuffled loader."""
-    rank0, rank1 = ok(jobs, "parity")
+    rank0, rank1 = reports(job(jobs, "parity")[0])
     engine, trainer, single = rank0["engine"], rank0["trainer"], rank0["one_process"]
     for name, value in engine["weights"].items():
         assert torch.equal(value, trainer[name]), f"{name}: the Engine and the Trainer differ"
@@ -95,8 +90,8 @@ def test_engine_loop_equals_the_trainer_and_one_process_with_the_global_batch(jo
 
 
 def test_collectives_and_rank_zero_io_on_two_ranks(jobs):
-    rank0, rank1 = ok(jobs, "parity")
-    code, output, folder = jobs["parity"]
+    folder, output = job(jobs, "parity")
+    rank0, rank1 = reports(folder)
     for report in (rank0, rank1):
         assert report["gather"].tolist() == [0, 0, 1, 1]
         assert report["gather_scalar"].tolist() == [0.0, 1.0]
@@ -115,11 +110,10 @@ def test_collectives_and_rank_zero_io_on_two_ranks(jobs):
 def test_a_loop_killed_after_save_state_mid_epoch_resumes_bitwise_equal(jobs):
     """Killed inside an accumulation window of epoch 1 (dropout, Adam, StepLR, shuffled data, 16-mixed); a new
     job with other initial weights and RNG loads the state and ends with the uninterrupted run's weights."""
-    code, output, folder = jobs["killed"]
-    assert code == KILLED, output[-8000:]
+    folder, _ = job(jobs, "killed")
     assert sorted(p.name for p in (folder / "state").iterdir()) == ["engine_state.pt", "rank_0.pt", "rank_1.pt"]
-    resumed = ok(jobs, "resumed")
-    uninterrupted = ok(jobs, "parity")
+    resumed = reports(job(jobs, "resumed")[0])
+    uninterrupted = reports(job(jobs, "parity")[0])
     for rank in (0, 1):
         expected, actual = uninterrupted[rank]["uninterrupted"], resumed[rank]["resumed"]
         assert actual["batches"] == expected["batches"] == 14
@@ -127,3 +121,38 @@ def test_a_loop_killed_after_save_state_mid_epoch_resumes_bitwise_equal(jobs):
         different = [k for k in expected["weights"] if not torch.equal(expected["weights"][k], actual["weights"][k])]
         assert not different, f"rank {rank}: parameters differ after resume: {different}"
 
+
+ACCELERATE_CPU = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: MULTI_CPU
+downcast_bf16: 'no'
+machine_rank: 0
+main_training_function: main
+mixed_precision: fp16
+num_cpu_threads_per_process: 1
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+use_cpu: true
+"""
+
+
+def test_trainer_run_launches_an_accelerate_config_file(tmp_path):
+    """`trainer run --config` with the file `accelerate config` writes for two CPU processes and fp16: the
+    script's plain Engine() and Trainer() run as 2 ranks with ddp, 16-mixed, and the file's thread count."""
+    (tmp_path / "acc.yaml").write_text(ACCELERATE_CPU)
+    run([sys.executable, "-m", "trainer", "run", "--config", "acc.yaml", str(JOB), str(tmp_path), "launched"], tmp_path)
+    for rank, report in enumerate(reports(tmp_path)):
+        expected = {"precision": "16-mixed", "strategy": "ddp", "world_size": 2, "device": "cpu"}
+        assert {k: report[k] for k in expected} == expected and report["trainer"] == expected, f"rank {rank}"
+        assert report["threads"] == "1" and report["accumulate"] == 1 and all(report["syncs"])
+    (tmp_path / "offload.yaml").write_text(ACCELERATE_CPU.replace("MULTI_CPU", "DEEPSPEED").replace(
+        "use_cpu: true", "deepspeed_config: {zero_stage: 0, offload_optimizer_device: cpu}"))  # fmt: skip
+    output = run([sys.executable, "-m", "trainer", "run", "--config", "offload.yaml", str(JOB), str(tmp_path),
+                  "launched"], tmp_path, expect=2)  # fmt: skip
+    assert output.strip() == (
+        "trainer run: error: offload.yaml: deepspeed_config.offload_optimizer_device: 'cpu': offloading is not "
+        "supported; use none."
+    )

@@ -35,6 +35,7 @@ from strategies.strategy import Strategy
 from trainer.arguments import check_accumulate_grad_batches
 from trainer.data import prepare_loader
 from trainer.engine_wrappers import AccumulationWindow, AutocastForward, EngineDataLoader, EngineOptimizer, EngineScheduler
+from trainer.launch_defaults import with_launch_defaults
 from trainer.trackers import check_trackers, create_trackers
 
 _NULL_CONTEXT = contextlib.nullcontext()
@@ -67,9 +68,11 @@ class Engine:
     On return the job is running: from a plain ``python script.py`` with several devices the other ranks have
     been started (they re-run the script, as with the Trainer), under torchrun/SLURM/``trainer run`` this process
     has joined. A spawn strategy (``"ddp_spawn"``, ``DDPStrategy(start_method="fork")`` in a notebook) starts its
-    ranks in :meth:`launch` instead.
+    ranks in :meth:`launch` instead. Under ``trainer run``/``trainer slurm`` the launcher's settings (its config
+    file, Accelerate's included, and ``--trainer.*``) fill the arguments the script leaves out.
     """
 
+    @with_launch_defaults
     def __init__(
         self,
         accelerator: str = "auto",

@@ -32,9 +32,11 @@ def resolved_arguments() -> Iterator[None]:
 
 
 def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
-    """Decorate ``Trainer.__init__``: in a launched process the launcher's settings fill every argument the
-    script did not pass; an argument the script passes wins, with a warning when the launcher said otherwise."""
+    """Decorate ``Trainer.__init__`` (or ``Engine.__init__``): in a launched process the launcher's settings fill
+    every argument the script did not pass; an argument the script passes wins, with a warning when the launcher
+    said otherwise. Settings the decorated class does not take (an Engine has no ``max_epochs``) are left out."""
     signature = inspect.signature(init)
+    accepted = set(signature.parameters)
 
     @functools.wraps(init)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -43,13 +45,15 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
 
             explicit = signature.bind_partial(self, *args, **kwargs).arguments
             for key, value in trainer_settings(os.environ.get(ENV_CONFIG)).items():
+                if key not in accepted:
+                    continue
                 if key not in explicit:
                     kwargs[key] = instantiate(value)
                 elif explicit[key] != value and not isinstance(value, (dict, list)):
                     warnings.warn(
-                        f"The launcher set Trainer {key}={value!r} (config file or --trainer.{key}), but the script "
-                        f"passes {key}={explicit[key]!r}; the script's value is used. Leave it out of the script to "
-                        "set it from the config file or command line.",
+                        f"The launcher set {type(self).__name__} {key}={value!r} (config file or --trainer.{key}), "
+                        f"but the script passes {key}={explicit[key]!r}; the script's value is used. Leave it out of "
+                        "the script to set it from the config file or command line.",
                         stacklevel=2,
                     )
         init(self, *args, **kwargs)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from strategies.errors import ConfigurationError
+from trainer.accelerate_config import is_accelerate_config, translate_accelerate_config
 from trainer.launch_defaults import ENV_ARGS, ENV_CONFIG, resolved_arguments
 SECTIONS = ("trainer", "model", "data")
 #: Launch settings that are also Trainer arguments (same meaning in both places).
@@ -98,13 +99,17 @@ def read_yaml(path: Union[str, os.PathLike]) -> Any:
 
 
 def load_config(config: Union[str, os.PathLike, Mapping[str, Any], None]) -> ExperimentConfig:
-    """Read and validate an experiment file (or an already-parsed mapping); ``None`` gives the defaults."""
+    """Read and validate an experiment file (or an already-parsed mapping); ``None`` gives the defaults.
+
+    A file written by ``accelerate config`` is translated first (:mod:`trainer.accelerate_config`).
+    """
     if config is None:
         return ExperimentConfig()
-    if isinstance(config, Mapping):
-        return parse_config(config, "config")
-    data = read_yaml(config)
-    return parse_config({} if data is None else data, str(config))
+    source = "config" if isinstance(config, Mapping) else str(config)
+    data = config if isinstance(config, Mapping) else read_yaml(config)
+    if is_accelerate_config(data):
+        data = translate_accelerate_config(data, source)
+    return parse_config({} if data is None else data, source)
 
 
 def parse_config(data: Any, source: str) -> ExperimentConfig:

@@ -3,6 +3,7 @@
     python engine_job.py OUT parity            # plain python, devices=2: the Engine starts rank 1 itself
     python engine_job.py OUT killed STATE      # the resumable loop, killed right after save_state mid-epoch
     python engine_job.py OUT resumed STATE     # the same loop from load_state(STATE) to the end
+    trainer run --config acc.yaml engine_job.py OUT launched   # Engine() and Trainer() take the launcher's settings
 
 ``parity``: the Engine loop (gloo, 16-mixed on the CPU, accumulation 2 with a partial last window, clipping,
 SGD with momentum, a step LR scheduler, shuffled data), the Trainer on the same module and data, and (rank 0)
@@ -191,7 +192,15 @@ def main() -> None:
     faulthandler.dump_traceback_later(HANG_DUMP_S, exit=True)
     settings = dict(accelerator="cpu", devices=2, precision="16-mixed")
     report: dict = {}
-    if mode == "parity":
+    if mode == "launched":
+        engine = Engine()  # everything from the launcher (an Accelerate config file)
+        trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+        torch.manual_seed(0)
+        result = engine_loop(engine, make_net())
+        report.update(settings_of(engine.strategy), trainer=settings_of(trainer.strategy), syncs=result["syncs"],
+                      accumulate=engine.gradient_accumulation_steps, threads=os.environ.get("OMP_NUM_THREADS"))  # fmt: skip
+        rank = engine.process_index
+    elif mode == "parity":
         engine = Engine(**settings, accumulate_grad_batches=ACCUMULATE, loggers="csv", project_dir=out)
         torch.manual_seed(0)
         net = make_net()
@@ -214,6 +223,11 @@ def main() -> None:
             os._exit(KILLED)
         rank = engine.process_index
     torch.save(report, out / f"rank{rank}.pt")
+
+
+def settings_of(strategy) -> dict:
+    return {"precision": strategy.precision.name, "strategy": strategy.strategy_name, "world_size": strategy.world_size,
+            "device": str(strategy.root_device)}
 
 
 def _fresh(initial: dict) -> nn.Module:

@@ -1,8 +1,8 @@
 """The digits example (examples/digits.py: scikit-learn's 8x8 digits, no download) as a hand-written loop
 with the Engine: the same model and data, your own loop, the Trainer's strategies underneath.
 
-    python examples/engine_loop.py                                  # one CPU process
-    python examples/engine_loop.py --devices 2                      # two processes: the Engine starts the second
+    python examples/engine_loop.py                                  # one process (on a GPU if there is one)
+    python examples/engine_loop.py --accelerator cpu --devices 2    # two processes: the Engine starts the second
     python -m trainer run --devices 2 examples/engine_loop.py       # two processes started by torchrun
     python examples/engine_loop.py --precision bf16-mixed --accumulate 2
 """
@@ -32,10 +32,11 @@ def evaluate(engine: Engine, model: torch.nn.Module, loader) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--devices", default="auto")
-    parser.add_argument("--accelerator", default="cpu")
-    parser.add_argument("--precision", default="32-true")
-    parser.add_argument("--accumulate", type=int, default=1)
+    # Left out, these come from the launcher (`trainer run`) or the Engine's defaults.
+    parser.add_argument("--devices", type=int)
+    parser.add_argument("--accelerator")
+    parser.add_argument("--precision")
+    parser.add_argument("--accumulate", type=int, dest="accumulate_grad_batches")
     parser.add_argument("--max-epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--root-dir", default="logs/engine_loop")
@@ -43,16 +44,15 @@ def main() -> None:
 
     seed_everything(42)
     torch.set_num_threads(1)
-    devices = int(args.devices) if args.devices.isdigit() else args.devices
-    engine = Engine(accelerator=args.accelerator, devices=devices, precision=args.precision,
-                    accumulate_grad_batches=args.accumulate, loggers="csv", project_dir=args.root_dir)  # fmt: skip
+    given = {key: getattr(args, key) for key in ("devices", "accelerator", "precision", "accumulate_grad_batches")}
+    engine = Engine(**{k: v for k, v in given.items() if v is not None}, loggers="csv", project_dir=args.root_dir)
     data = DigitsData(args.batch_size)
     data.setup("fit")
     classifier = DigitsClassifier()
     optimizer = torch.optim.AdamW(classifier.parameters(), lr=classifier.hparams.lr)
     model, optimizer, train_loader = engine.prepare(classifier, optimizer, data.train_dataloader())
     val_loader = engine.prepare_data_loader(data.val_dataloader(), evaluation=True)
-    steps = args.max_epochs * math.ceil(len(train_loader) / args.accumulate)  # optimizer steps of the whole run
+    steps = args.max_epochs * math.ceil(len(train_loader) / engine.gradient_accumulation_steps)  # the whole run
     scheduler = engine.prepare(torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps))
     engine.init_trackers("digits", {**classifier.hparams, **vars(args)})
 

@@ -48,7 +48,8 @@ def test_char_lm_with_accumulation_bf16_and_exact_resume(tmp_path):
                          ids=["bf16-accumulate", "two-processes"])  # fmt: skip
 def test_engine_loop(tmp_path, extra):
     """The digits example as a hand-written loop; with --devices 2 the Engine starts the second process."""
-    out = run_example("engine_loop.py", "--max-epochs", "3", "--root-dir", str(tmp_path), *extra, cwd=tmp_path)
+    out = run_example("engine_loop.py", "--accelerator", "cpu", "--max-epochs", "3", "--root-dir", str(tmp_path),
+                      *extra, cwd=tmp_path)  # fmt: skip
     [accuracy] = re.findall(r"final validation accuracy: ([0-9.]+)", out)  # printed once: by rank 0
     assert float(accuracy) > 0.6  # three epochs; chance is 0.1
     [metrics] = tmp_path.glob("digits/version_*/metrics.csv")

@@ -279,6 +279,11 @@ def test_other_misuse_gets_clear_errors():
         engine(loggers="wandb")
 
 
+def test_devices_2_where_the_program_cannot_be_rerun_points_to_launch():
+    with pytest.raises(ConfigurationError, match=r"command that started this process.*pytest.*engine.launch\(fn\)"):
+        Engine(accelerator="cpu", devices=2)
+
+
 @pytest.mark.parametrize("argument, value", [
     ("accumulate_grad_batches", 0), ("precision", "17"), ("strategy", "nope"), ("num_nodes", 0), ("devices", 0),
     ("accelerator", "tpu"),

@@ -106,7 +106,7 @@ class Engine:
         self._custom: list[Any] = []
         self._param_owner: dict[int, EngineOptimizer] = {}
         self.loggers: list[Logger] = []
-        self._ready = False
+        self._ready: Optional[bool] = None  # None: the job was not joined yet; False: joining failed
         launcher = self.strategy.launcher
         if launcher is None:
             self._setup()
@@ -114,24 +114,26 @@ class Engine:
             try:
                 launcher.launch(self._setup)
             except ConfigurationError as err:
-                if self._ready:
+                if self._ready is not None:
                     raise
+                # Starting the other ranks failed: this program cannot be re-run (a notebook, python -c).
                 raise ConfigurationError(
                     f"{err} In a notebook, use Engine(strategy=DDPStrategy(start_method='fork'), ...) and start the "
                     "ranks with engine.launch(fn)."
                 ) from None
 
     def _setup(self) -> None:
+        self._ready = False
         self.strategy.setup_environment()
         self._ready = True
 
     # ------------------------------------------------------------------ launching
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(engine, *args)`` on every rank; returns global rank 0's result (``None`` on the others).
+        """Run ``fn(engine, *args)`` on every rank and return its result.
 
         With a spawn strategy this starts the ranks (from a notebook: ``DDPStrategy(start_method="fork")``;
-        ``fn`` and ``args`` are sent to them, so they must be picklable under "spawn"). Otherwise the ranks
-        already run and ``fn`` is simply called here (and in every rank that re-runs this script).
+        ``fn`` and ``args`` are sent to them, so they must be picklable under "spawn") and returns global rank
+        0's result to the caller. Otherwise the ranks already run and ``fn`` is simply called in each of them.
         """
         if not callable(fn):
             raise ConfigurationError(f"launch(fn, *args) needs a function to run on every rank; got {fn!r}.")

@@ -5,8 +5,9 @@ the medians are compared. One thread (``torch.set_num_threads(1)``) so the two d
 
     python benchmarks/overhead.py                 # tiny (32-64-10, batch 32) and medium (512-1024-1024-10, batch 256)
     python benchmarks/overhead.py --defaults      # also the Trainer with its default callbacks and logger on
+    python benchmarks/overhead.py --engine        # also the same loop written with the Engine
 
-Targets: tiny ≤ 1.10×, medium ≤ 1.01×, tiny with defaults ≤ 1.25×.
+Targets: tiny ≤ 1.10×, medium ≤ 1.01×, tiny with defaults ≤ 1.25×, the Engine ≤ the Trainer.
 """
 from __future__ import annotations
 
@@ -92,7 +93,25 @@ def run_trainer(sizes: tuple[int, ...], loader: DataLoader, defaults: bool, root
     return time.perf_counter() - start
 
 
-def measure(name: str, repeats: int, trainer_fn: Callable[[], float], raw_fn: Callable[[], float], steps: int) -> float:
+def run_engine(sizes: tuple[int, ...], loader: DataLoader) -> float:
+    """The raw loop written with the Engine: prepared objects, accumulate(), engine.backward()."""
+    from trainer import Engine
+
+    torch.manual_seed(0)
+    engine = Engine(accelerator="cpu", devices=1)
+    model = make_mlp(sizes)
+    model, optimizer, prepared = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
+    start = time.perf_counter()
+    for x, y in prepared:
+        with engine.accumulate(model):
+            engine.backward(nn.functional.cross_entropy(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+    return time.perf_counter() - start
+
+
+def measure(name: str, repeats: int, trainer_fn: Callable[[], float], raw_fn: Callable[[], float], steps: int,
+            label: str = "trainer") -> float:  # fmt: skip
     """Alternate raw and Trainer runs; report median µs/step of each and the median of per-round ratios
     (each round's two runs are back to back, so a change in machine load affects both alike)."""
     raw_fn(), trainer_fn()  # warm-up: imports, allocator, first-call costs
@@ -103,7 +122,7 @@ def measure(name: str, repeats: int, trainer_fn: Callable[[], float], raw_fn: Ca
     raw_us = statistics.median(raw_times) / steps * 1e6
     trainer_us = statistics.median(trainer_times) / steps * 1e6
     ratio = statistics.median(t / r for t, r in zip(trainer_times, raw_times))
-    print(f"{name:<22} raw {raw_us:8.1f} µs/step   trainer {trainer_us:8.1f} µs/step   ratio {ratio:.3f}×")
+    print(f"{name:<22} raw {raw_us:8.1f} µs/step   {label} {trainer_us:8.1f} µs/step   ratio {ratio:.3f}×")
     return ratio
 
 
@@ -112,6 +131,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--defaults", action="store_true", help="also measure with default callbacks and logger")
+    parser.add_argument("--engine", action="store_true", help="also measure the loop written with the Engine")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as root:
@@ -124,6 +144,9 @@ def main() -> None:
             if args.defaults and name == "tiny":
                 measure(f"{name} (defaults on)", args.repeats, lambda: run_trainer(sizes, loader, True, root),
                         lambda: run_raw(sizes, loader), steps)  # fmt: skip
+            if args.engine:
+                measure(f"{name} (engine)", args.repeats, lambda: run_engine(sizes, loader),
+                        lambda: run_raw(sizes, loader), steps, label="engine ")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,20 +13,25 @@ SIGTERM (the time limit without a warning, ``scancel``) keeps its default action
 """
 from __future__ import annotations
 
+import os
+
 import shlex
 import signal
 import sys
 from typing import TYPE_CHECKING, Callable, Optional
 
-from strategies.environments.slurm import SLURMEnvironment
-
 if TYPE_CHECKING:  # pragma: no cover
+    from strategies.environments.slurm import SLURMEnvironment
     from trainer.trainer import Trainer
 
 
-def slurm_environment(trainer: "Trainer") -> Optional[SLURMEnvironment]:
+def slurm_environment(trainer: "Trainer") -> Optional["SLURMEnvironment"]:
     """The SLURM environment of this Trainer's job, or ``None`` outside SLURM."""
     env = getattr(trainer.strategy, "cluster_environment", None)
+    if env is None and "SLURM_NTASKS" not in os.environ:
+        return None  # not under SLURM: decided without importing the environments
+    from strategies.environments.slurm import SLURMEnvironment
+
     if isinstance(env, SLURMEnvironment):
         return env
     if env is None and SLURMEnvironment.detect():  # one task, single-device strategy
@@ -41,7 +46,7 @@ def connect(trainer: "Trainer") -> None:
         trainer._faults.signals.register(env.requeue_signal, _save_and_requeue(env))
 
 
-def _save_and_requeue(env: SLURMEnvironment) -> Callable[["Trainer", int], None]:
+def _save_and_requeue(env: "SLURMEnvironment") -> Callable[["Trainer", int], None]:
     def action(trainer: "Trainer", signum: int) -> None:
         path = trainer._checkpoint.save_interrupted()  # every rank (collectives); rank 0 writes
         if not trainer.is_global_zero:

@@ -188,7 +188,7 @@ class Strategy:
 
     # ------------------------------------------------------------------ checkpoints
     def module_state_dict(self) -> dict[str, Any]:
-        """The full module state dict (gathered where sharded)."""
+        """The module state dict a checkpoint holds: full here; a sharded strategy chooses (its shards, or full)."""
         return self.module.state_dict()
 
     def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> Any:
@@ -196,7 +196,7 @@ class Strategy:
         return self.module.load_state_dict(state_dict, strict=strict)
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
-        """The optimizer's full state dict (consolidated where sharded)."""
+        """The optimizer state a checkpoint holds: full here; a sharded strategy chooses (its shards, or full)."""
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
@@ -209,7 +209,11 @@ class Strategy:
             atomic_save(checkpoint, path)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Read a checkpoint safely (``weights_only=True``)."""
+        """Read a checkpoint safely (``weights_only=True``); a sharded checkpoint folder is read whole."""
+        if Path(path).is_dir():
+            from strategies.sharded_checkpoint import load_full
+
+            return load_full(path)
         return safe_load(path, map_location="cpu")
 
     def teardown(self) -> None:

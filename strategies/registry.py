@@ -13,6 +13,9 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "dp": ("strategies.dp", "DataParallelStrategy", {}, ""),
     "ddp": ("strategies.ddp", "DDPStrategy", {"start_method": "popen"}, ""),
     "ddp_spawn": ("strategies.ddp", "DDPStrategy", {"start_method": "spawn"}, ""),
+    "zero1": ("strategies.zero", "Zero1Strategy", {}, ""),
+    "zero2": ("strategies.zero", "Zero2Strategy", {}, ""),
+    "fsdp": ("strategies.fsdp", "FSDPStrategy", {}, ""),
 }
 
 

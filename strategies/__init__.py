@@ -7,6 +7,7 @@ from strategies.dp import DataParallelStrategy
 from strategies.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from strategies.errors import ConfigurationError, RankFailedError
 from strategies.fsdp import FSDPStrategy
+from strategies.model_parallel import ModelParallelStrategy
 from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from strategies.registry import register_strategy, strategy_names
 from strategies.single_device import SingleDeviceStrategy
@@ -22,6 +23,7 @@ __all__ = [
     "HalfPrecision",
     "LocalEnvironment",
     "MixedPrecision",
+    "ModelParallelStrategy",
     "Precision",
     "RankFailedError",
     "SLURMEnvironment",

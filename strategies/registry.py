@@ -16,6 +16,7 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "zero1": ("strategies.zero", "Zero1Strategy", {}, ""),
     "zero2": ("strategies.zero", "Zero2Strategy", {}, ""),
     "fsdp": ("strategies.fsdp", "FSDPStrategy", {}, ""),
+    "model_parallel": ("strategies.model_parallel", "ModelParallelStrategy", {}, ""),
 }
 
 

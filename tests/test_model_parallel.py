@@ -1,5 +1,6 @@
 """``strategy="model_parallel"``: device maps (automatic under a memory budget, explicit, invalid), training across
-"devices" that are all the CPU equals one device exactly. Running layers on several GPUs is checked only where two GPUs exist."""
+"devices" that are all the CPU equals one device exactly, and the memory planner's per-device bytes equal the
+tensors the strategy placed. Running layers on several GPUs is checked only where two GPUs exist."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ from strategies import ConfigurationError, ModelParallelStrategy
 from strategies.device_map import plan_device_map, resolve_device_map, tensor_devices
 from tests.helpers import quiet_trainer, regression_data
 from trainer import TrainModule
+from trainer.memory import estimate
 
 
 class Seq2Seq(TrainModule):
@@ -118,7 +120,10 @@ def test_cpu_devices_train_exactly_like_one_device(device_map):
     assert set(trainer.strategy.device_map.values()) == {0, 1}  # both devices hold layers
     for key, value in single.state_dict().items():
         assert torch.equal(value, split.state_dict()[key]), key
-    assert all(sum(totals) for totals in probe.per_device.values())
+    # The planner's bytes per device are the bytes of the tensors placed there.
+    plan = estimate(Seq2Seq(), strategy="model_parallel", world_size=2, optimizer="adam", device_map=device_map)
+    for index, device in enumerate(plan.devices):
+        assert [device.parameters, device.gradients, device.optimizer_state] == probe.per_device[index]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs to place layers on different devices")

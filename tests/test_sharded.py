@@ -1,4 +1,5 @@
-"""ZeRO-1, ZeRO-2 and FSDP across real processes (gloo on the CPU), and their sharded checkpoints.
+"""ZeRO-1, ZeRO-2 and FSDP across real processes (gloo on the CPU), their sharded checkpoints, and the memory
+planner checked against the tensors each rank really holds.
 
 The jobs (tests/scripts/sharded_train.py) run when the module starts, each bounded by a timeout and dumping
 stacks on a hang; one job does many fits because interpreter start-up dominates. Every fit trains the same
@@ -14,11 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from test_ddp_processes import Job, assert_same_weights, clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "sharded_train.py"
+STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 
 pytestmark = [
     pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch build has no torch.distributed"),
@@ -77,6 +80,18 @@ def test_each_rank_holds_about_half_of_the_optimizer_state(ranks, name):
     for rank in ranks:
         params = rank[name]["bytes"]["parameters"] / rank["ddp"]["bytes"]["parameters"]
         assert params == 1.0 if name == "zero1" else 0.4 <= params <= 0.6  # ZeRO-1 keeps parameters whole
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_memory_planner_equals_the_bytes_each_rank_holds(ranks, name):
+    from trainer.memory import estimate
+
+    plan = estimate(sharded_train.Net(), strategy=name, world_size=2, optimizer="adam", auto_wrap_policy={nn.Linear})
+    for rank_index, rank in enumerate(ranks):
+        planned = plan.devices[rank_index]
+        measured = rank[name]["bytes"]
+        assert (planned.parameters, planned.gradients, planned.optimizer_state) == (
+            measured["parameters"], measured["gradients"], measured["optimizer_state"])  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

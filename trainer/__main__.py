@@ -1,7 +1,7 @@
-"""``python -m trainer COMMAND``: ``checkpoint consolidate``.
+"""``python -m trainer COMMAND``: ``checkpoint consolidate`` and ``estimate-memory``.
 
 A minimal entry point until the full command line (``trainer/cli``) lands; that then replaces this file and
-lists this command module with its own (each provides ``add_parser(subparsers)``, which sets ``handler``).
+lists these two command modules with its own (each provides ``add_parser(subparsers)``, which sets ``handler``).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Optional
 from strategies.checkpoint_io import CheckpointError
 from strategies.errors import ConfigurationError
 
-COMMAND_MODULES = ("trainer.consolidate",)
+COMMAND_MODULES = ("trainer.consolidate", "trainer.memory")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -22,6 +22,7 @@ from test_ddp_processes import Job, assert_same_weights, clean_env
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "sharded_train.py"
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 pytestmark = [
     pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch build has no torch.distributed"),
@@ -42,6 +43,8 @@ def job(out: Path, *args: str) -> Job:
 def jobs(tmp_path_factory) -> dict[str, Job]:
     tmp = tmp_path_factory.mktemp("sharded_jobs")
     first = {"strategies": job(tmp / "strategies", "--job", "strategies")}
+    if HAS_DEEPSPEED:
+        first["deepspeed"] = job(tmp / "deepspeed", "--job", "deepspeed")
     with concurrent.futures.ThreadPoolExecutor(len(first)) as pool:
         list(pool.map(Job.run, first.values()))
     epoch_end = tmp / "strategies" / "ckpt_fsdp" / "epochs" / "epoch=0-step=4.ckpt"
@@ -153,3 +156,15 @@ def test_two_rank_folder_resumes_on_a_single_device(jobs, ranks):
     assert trainer.global_step == 8
     assert_same_weights(module.state_dict(), ranks[0]["fsdp"]["weights"], atol=1e-5)
 
+
+# ---------------------------------------------------------------------------------------------- deepspeed
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (optional: pip install '.[deepspeed]')")
+def test_deepspeed_zero2_trains_like_ddp_and_resumes_exactly(jobs, ranks):
+    reports = jobs["deepspeed"].check_ok()
+    for report in reports:
+        assert report["global_step"] == 8
+        # DeepSpeed's ZeRO-2 steps Adam on flattened fp32 partitions and reduces gradients in buckets of its
+        # own order: the same arithmetic up to float32 summation order, so 1e-5 as for FSDP.
+        assert_same_weights(report["weights"], ranks[report["rank"]]["ddp"]["weights"], atol=1e-5)
+        assert Path(report["resumed_from"]).is_dir()  # DeepSpeed's own checkpoint folder, found by "last"
+        assert_equal(report["resumed"], report["weights"])

@@ -2,6 +2,7 @@
 
     python sharded_train.py --out DIR --job strategies      # 2 ranks: ddp/zero1/zero2/fsdp fits, checkpoints
     python sharded_train.py --out DIR --job world1 --resume FOLDER   # 1 rank: fsdp resumes a 2-rank folder
+    python sharded_train.py --out DIR --job deepspeed       # 2 ranks: ZeRO-2 through DeepSpeed
 
 All fits train the same model on the same data (shuffled, Adam with StepLR, accumulation 2, norm clipping,
 validation with sync_dist), so their final weights can be compared across strategies and across resumes.
@@ -183,10 +184,29 @@ def world1_job(resume: str) -> dict:
             "global_step": trainer.global_step}  # fmt: skip
 
 
+def deepspeed_job(out: Path) -> dict:
+    """ZeRO-2 through DeepSpeed: a full fit, and one interrupted at STOP_AT steps then resumed from its folder."""
+    from strategies.deepspeed import DeepSpeedStrategy
+
+    def strategy() -> DeepSpeedStrategy:
+        return DeepSpeedStrategy(stage=2, config={"gradient_clipping": CLIP})
+
+    def weights(module: nn.Module) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+    trainer, module = fit(strategy())
+    report = {"rank": trainer.global_rank, "weights": weights(module), "global_step": trainer.global_step}
+    folder = out / "ckpt_deepspeed"
+    fit(strategy(), callbacks=checkpoints(folder), max_steps=STOP_AT)
+    trainer, module = fit(strategy(), callbacks=checkpoints(folder), ckpt_path="last")
+    report.update(resumed=weights(module), resumed_from=trainer.ckpt_path)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--job", required=True, choices=("strategies", "world1"))
+    parser.add_argument("--job", required=True, choices=("strategies", "world1", "deepspeed"))
     parser.add_argument("--resume", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -194,8 +214,10 @@ def main() -> None:
     out = Path(args.out)
     if args.job == "strategies":
         report = strategies_job(out)
-    else:
+    elif args.job == "world1":
         report = world1_job(args.resume)
+    else:
+        report = deepspeed_job(out)
     torch.save(report, out / f"rank{report['rank']}.pt")
 
 

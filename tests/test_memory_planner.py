@@ -100,13 +100,15 @@ def test_command_plans_a_model_too_big_to_build(tmp_path):
                 return self.layers(x)
     """))
     proc = subprocess.run([sys.executable, "-m", "trainer", "estimate-memory", f"{source}:Big", "--world-size", "8",
-                           "--precision", "bf16-mixed", "--device-memory", "80GB"],
+                           "--precision", "bf16-mixed", "--device-memory", "80GB", "--wrap", "Linear"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert "world size 8, precision bf16-mixed, optimizer adam" in lines[0]
     ddp = next(line for line in lines if line.startswith("ddp"))
     assert "8.00 GiB" in ddp  # parameters: 2.1e9 x 4 bytes (float32 master weights)
+    fsdp = next(line for line in lines if line.startswith("fsdp")).split()
+    assert fsdp[7:9] == ["1.00", "GiB"]  # gathered: two Linear units (one computing, one prefetched) in bf16
     assert "Use strategy=" in lines[-1]
     bad = subprocess.run([sys.executable, "-m", "trainer", "estimate-memory", f"{source}:Missing"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -357,6 +357,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", default="adam")
     parser.add_argument("--device-memory", default=None, help="e.g. 80GB: also recommend a strategy")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--wrap", default="", metavar="CLASS[,CLASS]",
+                        help="FSDP units: the names of the module classes to wrap, e.g. --wrap Block")  # fmt: skip
     parser.set_defaults(handler=_run)
     return parser
 
@@ -367,6 +369,11 @@ def _run(args: argparse.Namespace) -> int:
         module = cls()
     example = getattr(module, "example_input_array", None)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    wrap = {name.strip() for name in args.wrap.split(",") if name.strip()}
+    unknown = wrap - {type(m).__name__ for m in module.modules()}
+    if unknown:
+        raise ConfigurationError(f"--wrap {args.wrap}: {args.module} has no submodule of class {sorted(unknown)}.")
+    policy = (lambda m: type(m).__name__ in wrap) if wrap else None
     print(report(module, args.world_size, args.device_memory, strategies=strategies, precision=args.precision,
-                 optimizer=args.optimizer, example_input=example))  # fmt: skip
+                 optimizer=args.optimizer, example_input=example, auto_wrap_policy=policy))  # fmt: skip
     return 0

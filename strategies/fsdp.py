@@ -162,6 +162,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
 
     def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
         super().connect(devices, num_nodes, precision)
+        self._mp_policy()  # a mixed_precision contradicting precision fails here, before any process starts
         if self.cpu_offload and devices and devices[0].type != "cuda":
             raise ConfigurationError(
                 f"{type(self).__name__}(cpu_offload=True) keeps the shards in CPU memory while GPUs compute, but the "

@@ -75,6 +75,18 @@ def test_sharded_strategies_train_like_ddp(ranks, name):
     assert ranks[0][name]["optimizer"] == expected
 
 
+def test_fsdp_mixed_precision_follows_the_precision_plugin(ranks):
+    for rank in ranks:
+        assert rank["fsdp_bf16"]["compute_dtype"] == torch.bfloat16  # gathered for compute in bf16
+        assert rank["fsdp_bf16"]["stored_dtypes"] == {torch.float32}  # the shards stay float32 master weights
+    assert_equal(ranks[0]["fsdp_bf16"]["weights"], ranks[1]["fsdp_bf16"]["weights"])
+
+
+def test_optimizer_built_before_sharding_is_refused_with_advice(ranks):
+    for rank in ranks:
+        assert "build the optimizer in configure_optimizers()" in rank["early_optimizer_error"]
+
+
 @pytest.mark.parametrize("name", ["zero1", "zero2", "fsdp"])
 def test_each_rank_holds_about_half_of_the_optimizer_state(ranks, name):
     total = ranks[0]["ddp"]["bytes"]["optimizer_state"]  # DDP: every rank holds all of it
@@ -168,3 +180,58 @@ def test_deepspeed_zero2_trains_like_ddp_and_resumes_exactly(jobs, ranks):
         assert_same_weights(report["weights"], ranks[report["rank"]]["ddp"]["weights"], atol=1e-5)
         assert Path(report["resumed_from"]).is_dir()  # DeepSpeed's own checkpoint folder, found by "last"
         assert_equal(report["resumed"], report["weights"])
+
+
+# ---------------------------------------------------------------------------------------------- misuse
+def test_sharded_strategies_refuse_bad_settings_before_starting_processes():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from strategies import ConfigurationError, FSDPStrategy, Zero1Strategy, Zero2Strategy, ZeroStrategy
+    from trainer import Trainer
+
+    def trainer(strategy, **kwargs):
+        return Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, **kwargs)
+
+    with pytest.raises(ConfigurationError, match=r"cpu_offload=True.*resolved to the CPU"):
+        trainer(FSDPStrategy(cpu_offload=True))
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16)
+    with pytest.raises(ConfigurationError, match=r"param_dtype=torch.float16 but precision='bf16-mixed'"):
+        trainer(FSDPStrategy(mixed_precision=policy), precision="bf16-mixed")
+    with pytest.raises(ConfigurationError, match="auto_wrap_policy='blocks'"):
+        FSDPStrategy(auto_wrap_policy="blocks")
+    with pytest.raises(ConfigurationError, match="state_dict_type='folder'"):
+        FSDPStrategy(state_dict_type="folder")
+    with pytest.raises(ConfigurationError, match="stage=3.*FSDPStrategy"):
+        ZeroStrategy(stage=3)
+    assert isinstance(ZeroStrategy(stage=1), Zero1Strategy) and isinstance(ZeroStrategy(), Zero1Strategy)
+    zero2 = trainer("zero2").strategy
+    assert isinstance(zero2, Zero2Strategy) and isinstance(zero2, ZeroStrategy) and isinstance(zero2, FSDPStrategy)
+    assert zero2.reshard_after_forward is False
+
+
+def test_wrap_policies_choose_units_bottom_up():
+    from strategies.fsdp import wrap_targets
+
+    net = sharded_train.Net()  # Linear(6,8): 56 parameters, Linear(8,6): 54, Linear(6,1): 7, scale: 1
+    linears = [net.net[0], net.net[2], net.net[4]]
+    assert wrap_targets(net, {nn.Linear}) == linears
+    assert wrap_targets(net, 50) == linears[:2]  # the last Linear and the Sequential hold fewer than 50 left
+    assert wrap_targets(net, 5) == linears
+    assert wrap_targets(net, lambda module: module is net.net) == [net.net]
+
+
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (optional: pip install '.[deepspeed]')")
+def test_deepspeed_settings_that_contradict_the_trainer_are_refused(tmp_path):
+    from strategies import ConfigurationError
+    from strategies.deepspeed import DeepSpeedStrategy
+    from trainer import Trainer
+
+    with pytest.raises(ConfigurationError, match=r"accumulate_grad_batches=4"):
+        DeepSpeedStrategy(config={"gradient_accumulation_steps": 4}).build_config()
+    with pytest.raises(ConfigurationError, match="offload.*resolved to the CPU"):
+        Trainer(accelerator="cpu", devices=2, strategy=DeepSpeedStrategy(offload_optimizer=True), logger=False)
+    with pytest.raises(ConfigurationError, match="no such JSON file"):
+        DeepSpeedStrategy(config=str(tmp_path / "missing.json"))
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0}')
+    config = DeepSpeedStrategy(stage=3, config=tmp_path / "ds.json").build_config()
+    assert config["zero_optimization"]["stage"] == 3 and config["gradient_clipping"] == 1.0

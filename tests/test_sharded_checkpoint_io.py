@@ -99,6 +99,7 @@ def test_hostile_metadata_is_refused_before_anything_runs(tmp_path):
     assert not Path("PWNED").exists()
 
 
+@pytest.mark.filterwarnings("ignore:Detected an existing checkpoint")
 def test_pickled_objects_inside_the_dcp_data_are_refused(tmp_path):
     import torch.distributed.checkpoint as dcp
 

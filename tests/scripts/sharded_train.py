@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from callbacks import Callback, ModelCheckpoint  # noqa: E402
 from strategies.sharded_checkpoint import consolidate, is_dtensor  # noqa: E402
+from strategies import ConfigurationError  # noqa: E402
 from trainer import Trainer, TrainModule  # noqa: E402
 
 N_TRAIN, BATCH, ACCUMULATE, EPOCHS, LR, CLIP = 48, 3, 2, 2, 0.05, 0.5
@@ -43,6 +44,7 @@ class Net(TrainModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        self.compute_dtype = self.net[0].weight.dtype  # what the layer computes with (FSDP gathers in param_dtype)
         return nn.functional.mse_loss(self(x), y)
 
     def validation_step(self, batch, batch_idx):
@@ -112,9 +114,12 @@ def full_weights(trainer: Trainer, module: nn.Module) -> dict[str, torch.Tensor]
 
 
 def fit(strategy, devices: int = 2, batch: int = BATCH, callbacks=(), ckpt_path=None, one_process_order=False,
-        **overrides):
+        configure_optimizers_early=False, **overrides):
     torch.manual_seed(0)
     module = Net()
+    if configure_optimizers_early:  # the mistake of building the optimizer before the Trainer shards the module
+        optimizer = torch.optim.Adam(module.parameters())
+        module.configure_optimizers = lambda: optimizer
     settings = dict(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=EPOCHS,
                     accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, logger=False,
                     enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
@@ -172,6 +177,17 @@ def strategies_job(out: Path) -> dict:
     # A folder written by FSDP resumed by ZeRO-1 (optimizer state resharded from FSDP's layout to ZeRO's).
     trainer, module = fit("zero1", ckpt_path=str(out / "ckpt_fsdp" / f"epoch=0-step={STOP_AT}.ckpt"))
     report["zero1_from_fsdp_folder"] = full_weights(trainer, module)
+
+    # Mixed precision from the plugin: bf16 compute, float32 master shards.
+    trainer, module = fit("fsdp", precision="bf16-mixed")
+    report["fsdp_bf16"] = {"compute_dtype": module.compute_dtype, "weights": full_weights(trainer, module),
+                           "stored_dtypes": {p.dtype for p in module.parameters()}}  # fmt: skip
+
+    # An optimizer built before the module was sharded is refused with advice.
+    try:
+        fit("fsdp", configure_optimizers_early=True)
+    except ConfigurationError as err:
+        report["early_optimizer_error"] = str(err)
     report["rank"] = rank
     return report
 

@@ -11,6 +11,8 @@ Targets: tiny ≤ 1.10×, medium ≤ 1.01×, tiny with defaults ≤ 1.25×.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import statistics
 import tempfile
 import time
@@ -85,11 +87,14 @@ def run_trainer(sizes: tuple[int, ...], loader: DataLoader, defaults: bool, root
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
         )  # fmt: skip
     start = time.perf_counter()
-    trainer.fit(module, loader)
+    with contextlib.redirect_stdout(io.StringIO()):  # the default callbacks print a summary and a report
+        trainer.fit(module, loader)
     return time.perf_counter() - start
 
 
 def measure(name: str, repeats: int, trainer_fn: Callable[[], float], raw_fn: Callable[[], float], steps: int) -> float:
+    """Alternate raw and Trainer runs; report median µs/step of each and the median of per-round ratios
+    (each round's two runs are back to back, so a change in machine load affects both alike)."""
     raw_fn(), trainer_fn()  # warm-up: imports, allocator, first-call costs
     raw_times, trainer_times = [], []
     for _ in range(repeats):
@@ -97,7 +102,7 @@ def measure(name: str, repeats: int, trainer_fn: Callable[[], float], raw_fn: Ca
         trainer_times.append(trainer_fn())
     raw_us = statistics.median(raw_times) / steps * 1e6
     trainer_us = statistics.median(trainer_times) / steps * 1e6
-    ratio = trainer_us / raw_us
+    ratio = statistics.median(t / r for t, r in zip(trainer_times, raw_times))
     print(f"{name:<22} raw {raw_us:8.1f} µs/step   trainer {trainer_us:8.1f} µs/step   ratio {ratio:.3f}×")
     return ratio
 

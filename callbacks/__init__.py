@@ -9,16 +9,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from callbacks.callback import Callback
-from callbacks.early_stopping import EarlyStopping
-from callbacks.model_checkpoint import ModelCheckpoint
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
     from callbacks.batch_size_finder import BatchSizeFinder  # noqa: F401
+    from callbacks.early_stopping import EarlyStopping  # noqa: F401
     from callbacks.fit_report import FitReport  # noqa: F401
     from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler  # noqa: F401
     from callbacks.lr_finder import LearningRateFinder  # noqa: F401
     from callbacks.lr_monitor import LearningRateMonitor  # noqa: F401
     from callbacks.memory_monitor import MemoryMonitor  # noqa: F401
+    from callbacks.model_checkpoint import ModelCheckpoint  # noqa: F401
     from callbacks.model_summary import ModelSummary  # noqa: F401
     from callbacks.rich_progress import RichProgressBar  # noqa: F401
     from callbacks.throughput_monitor import ThroughputMonitor  # noqa: F401
@@ -26,18 +26,20 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
 
 _LAZY = {
     "BatchSizeFinder": "callbacks.batch_size_finder",
+    "EarlyStopping": "callbacks.early_stopping",
     "FitReport": "callbacks.fit_report",
     "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler",
     "LearningRateFinder": "callbacks.lr_finder",
     "LearningRateMonitor": "callbacks.lr_monitor",
     "MemoryMonitor": "callbacks.memory_monitor",
+    "ModelCheckpoint": "callbacks.model_checkpoint",
     "ModelSummary": "callbacks.model_summary",
     "RichProgressBar": "callbacks.rich_progress",
     "ThroughputMonitor": "callbacks.throughput_monitor",
     "Timer": "callbacks.timer",
 }
 
-__all__ = ["Callback", "EarlyStopping", "ModelCheckpoint", *sorted(_LAZY)]
+__all__ = ["Callback", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:

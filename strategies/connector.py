@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from strategies.accelerators import parse_devices, resolve_accelerator
-from strategies.environments import detect_environment
 from strategies.errors import ConfigurationError
 from strategies.precision import precision_plugin
 from strategies.registry import create_strategy
@@ -22,6 +21,8 @@ def build_strategy(
     """Resolve and validate the five arguments; returns a Strategy ready for ``setup_environment``."""
     plugin = precision_plugin(precision)
     kind = resolve_accelerator(accelerator)
+    from strategies.environments import detect_environment  # on use: keeps `import trainer` light
+
     job = detect_environment()  # torchrun/SLURM/an earlier launch already started the processes
     launched = job is not None and job.world_size() > 1
     device_list = parse_devices(kind, devices, job.local_world_size() if launched else None)

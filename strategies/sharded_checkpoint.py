@@ -369,12 +369,16 @@ def keyed_by_name(state: dict[str, Any]) -> bool:
     return any(isinstance(p, str) for group in state.get("param_groups", []) for p in group.get("params", []))
 
 
-def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
-    """A name-keyed optimizer state dict in torch's index-keyed format (parameters numbered across groups)."""
+def optimizer_state_by_index(state: dict[str, Any], names: Optional[list[str]] = None) -> dict[str, Any]:
+    """A name-keyed optimizer state dict in torch's index-keyed format: ``names[i]`` is parameter ``i`` of the
+    optimizer it is for (default: the saved groups' order, parameters numbered across groups)."""
     if not keyed_by_name(state):
         return state
-    names = [name for group in state["param_groups"] for name in group["params"]]
+    names = names or [name for group in state["param_groups"] for name in group["params"]]
     index = {name: i for i, name in enumerate(names)}
+    unknown = [name for group in state["param_groups"] for name in group["params"] if name not in index]
+    if unknown:
+        raise CheckpointError(f"The checkpoint's optimizer state holds parameters this model lacks: {unknown[:5]}.")
     entries = sorted((index[name], value) for name, value in state.get("state", {}).items())
     return {
         "state": dict(entries),

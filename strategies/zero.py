@@ -30,10 +30,8 @@ from strategies.precision import Precision
 from strategies.sharded_checkpoint import (
     ShardedCheckpointIO,
     check_state_dict_type,
-    keyed_by_name,
-    optimizer_state_by_index,
-    optimizer_state_by_name,
     optimizer_parameters,
+    optimizer_state_by_index,
     parameter_names,
 )
 
@@ -150,8 +148,7 @@ class Zero1Strategy(ShardedCheckpointIO, ZeroStrategy, DDPStrategy):
         """Load a full or a sharded (any world size) state; each rank keeps the entries of its partition."""
         if getattr(optimizer, "optim", None) is None:
             return super().load_optimizer_state_dict(optimizer, state)
-        names = parameter_names(self.module, optimizer)
-        state = optimizer_state_by_index(optimizer_state_by_name(state, names) if not keyed_by_name(state) else state)
+        state = optimizer_state_by_index(state, parameter_names(self.module, optimizer))  # no-op when by index
         shared = optimizer.param_groups
         optimizer.load_state_dict(state)  # ZeRO keeps this rank's entries; it replaces param_groups with copies
         for mine, loaded in zip(shared, optimizer.param_groups):

@@ -20,7 +20,7 @@ from strategies.sharded_checkpoint import (
     save_sharded,
 )
 from strategies.strategy import Strategy
-from trainer.__main__ import main as trainer_main
+from trainer.cli import main as trainer_main
 
 
 def checkpoint(step: int = 3) -> dict:
@@ -99,7 +99,7 @@ def test_hostile_metadata_is_refused_before_anything_runs(tmp_path):
     assert not Path("PWNED").exists()
 
 
-@pytest.mark.filterwarnings("ignore:Detected an existing checkpoint")
+@pytest.mark.filterwarnings("ignore:Detected an existing checkpoint", "ignore:torch.distributed is disabled")
 def test_pickled_objects_inside_the_dcp_data_are_refused(tmp_path):
     import torch.distributed.checkpoint as dcp
 
@@ -115,6 +115,11 @@ def test_optimizer_state_keys_convert_both_ways():
     by_index = optimizer_state_by_index(by_name)
     assert list(by_index["state"]) == [0] and by_index["param_groups"][0]["params"] == [0, 1]
     assert optimizer_state_by_name(by_index, ["layer.weight", "layer.bias"]) == by_name
+    # Numbered as the optimizer loading it orders its parameters, not as the saving one did.
+    reordered = optimizer_state_by_index(by_name, ["layer.bias", "layer.weight"])
+    assert list(reordered["state"]) == [1] and reordered["param_groups"][0]["params"] == [1, 0]
+    with pytest.raises(CheckpointError, match=r"lacks: \['layer.bias'\]"):
+        optimizer_state_by_index(by_name, ["layer.weight"])
     with pytest.raises(CheckpointError, match="covers 2 parameters but the optimizer has 3"):
         optimizer_state_by_name(by_index, ["a", "b", "c"])
 

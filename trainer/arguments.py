@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from callbacks.callback import Callback
-from callbacks.model_checkpoint import ModelCheckpoint
 from loggers.logger import Logger
 from strategies.errors import ConfigurationError
 from trainer.data import validate_limit
@@ -135,6 +134,7 @@ def build_callbacks(
                 "and override the hooks you need."
             )
     from callbacks.fit_report import FitReport
+    from callbacks.model_checkpoint import ModelCheckpoint
     from callbacks.model_summary import ModelSummary
     from callbacks.rich_progress import RichProgressBar
 
@@ -154,6 +154,8 @@ def build_callbacks(
 def checkpoints_last(callbacks: list[Callback]) -> list[Callback]:
     """Move checkpointing callbacks to the end, so a checkpoint saved in a hook holds what the other callbacks
     (early stopping, schedulers of callbacks) did in that same hook."""
+    from callbacks.model_checkpoint import ModelCheckpoint
+
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + [
         cb for cb in callbacks if isinstance(cb, ModelCheckpoint)
     ]

@@ -26,7 +26,6 @@ import torch
 from strategies.checkpoint_io import CheckpointError, safe_load
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_warn
-from strategies.sharded_checkpoint import is_dtensor
 from trainer.data_position import TrainDataPosition
 from trainer.seed import capture_rng_state, restore_rng_state
 
@@ -146,6 +145,8 @@ class CheckpointConnector:
     def _accumulated_grads(self) -> dict[str, Any]:
         """Gradients of an unfinished accumulation window: per rank (gathered) where they are not all-reduced yet;
         as they are where a sharded strategy already reduced them into this rank's shard (``reduced``)."""
+        from strategies.sharded_checkpoint import is_dtensor
+
         strategy = self.trainer.strategy
         world_size = strategy.world_size
         grads, reduced = {}, False

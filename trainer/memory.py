@@ -18,17 +18,13 @@
   graph's own saves make the real figure differ; measure with ``MemoryMonitor`` for the truth.
 
 :func:`report` prints a table for every strategy and recommends the one with the least communication that
-fits a device. ``python -m trainer estimate-memory module.py:Class --world-size 8 --precision bf16-mixed``
-builds the module on the ``meta`` device (no memory, no weights) and prints the same.
+fits a device. ``trainer estimate-memory module.py:Class --world-size 8 --precision bf16-mixed``
+(:mod:`trainer.cli.estimate_memory`) builds the module on the ``meta`` device and prints the same.
 """
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import math
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -323,57 +319,3 @@ def report(module: nn.Module, world_size: int, device_memory: Union[None, int, s
     if device_memory is not None:
         text += "\n" + recommend(estimates, device_memory)
     return text
-
-
-# ---------------------------------------------------------------------------------------------- command line
-def load_class(spec: str) -> type:
-    """``path/to/module.py:ClassName`` or ``package.module:ClassName`` → the class."""
-    target, _, name = spec.partition(":")
-    if not name:
-        raise ConfigurationError(f"'{spec}' must be 'path/to/file.py:ClassName' or 'package.module:ClassName'.")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise ConfigurationError(f"'{target}' does not exist.")
-        sys.path.insert(0, str(path.resolve().parent))
-        spec_obj = importlib.util.spec_from_file_location(path.stem, path)
-        loaded = importlib.util.module_from_spec(spec_obj)
-        spec_obj.loader.exec_module(loaded)
-    else:
-        loaded = importlib.import_module(target)
-    cls = getattr(loaded, name, None)
-    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
-        raise ConfigurationError(f"'{spec}': {name!r} is not an nn.Module class in {target}.")
-    return cls
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """The ``estimate-memory`` command (shaped like the CLI's subcommand modules: sets ``handler``)."""
-    parser = subparsers.add_parser("estimate-memory", help="per-device memory of a module under each strategy",
-                                   description=__doc__.split("\n\n")[0])  # fmt: skip
-    parser.add_argument("module", help="path/to/file.py:ClassName (built with no arguments on the meta device)")
-    parser.add_argument("--world-size", type=int, default=1)
-    parser.add_argument("--precision", default="32-true")
-    parser.add_argument("--optimizer", default="adam")
-    parser.add_argument("--device-memory", default=None, help="e.g. 80GB: also recommend a strategy")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES))
-    parser.add_argument("--wrap", default="", metavar="CLASS[,CLASS]",
-                        help="FSDP units: the names of the module classes to wrap, e.g. --wrap Block")  # fmt: skip
-    parser.set_defaults(handler=_run)
-    return parser
-
-
-def _run(args: argparse.Namespace) -> int:
-    cls = load_class(args.module)
-    with torch.device("meta"):
-        module = cls()
-    example = getattr(module, "example_input_array", None)
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    wrap = {name.strip() for name in args.wrap.split(",") if name.strip()}
-    unknown = wrap - {type(m).__name__ for m in module.modules()}
-    if unknown:
-        raise ConfigurationError(f"--wrap {args.wrap}: {args.module} has no submodule of class {sorted(unknown)}.")
-    policy = (lambda m: type(m).__name__ in wrap) if wrap else None
-    print(report(module, args.world_size, args.device_memory, strategies=strategies, precision=args.precision,
-                 optimizer=args.optimizer, example_input=example, auto_wrap_policy=policy))  # fmt: skip
-    return 0

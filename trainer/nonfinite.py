@@ -1,7 +1,7 @@
 """Non-finite training losses, detected without a host-device sync per step.
 
-Each micro-batch's loss is copied into a slot of a small buffer on its own device (an asynchronous copy,
-no allocation); the host reads the buffer only at the fault monitor's check points and before every
+Each micro-batch's loss is kept as a detached reference (every 256 of them are stacked into one device
+tensor: one small kernel, no sync); the host reads the buffer only at the fault monitor's check points and before every
 checkpoint save, which is where it learns the exact step. ``on_nonfinite_loss="skip"`` must decide before
 the backward, so it reads every loss on the host: one sync per micro-batch, like a gradient scaler.
 """
@@ -44,60 +44,53 @@ class BadLoss:
 class NonFiniteGuard:
     """Called with every automatic-optimisation loss; returns the loss, or ``None`` to skip the micro-batch."""
 
+    _CHUNK = 256  # losses stacked into one device tensor at a time
+
     def __init__(self, mode: str, progress: "Progress") -> None:
         self.mode = mode
         self.progress = progress
         self.skipped = 0
         self.zero_loss: Any = None  # set under DDP: a zero loss touching every parameter replaces a skipped one
-        self._buffer: Optional[Tensor] = None
-        self._slots: list[Tensor] = []
-        self._steps: list[int] = []
-        self._epochs: list[int] = []
-        self._batches: list[int] = []
-        self._pos = 0
+        self._pending: list[Tensor] = []  # detached losses not yet stacked (no copy, no sync per step)
+        self._where: list[tuple[int, int, int]] = []  # (global_step, epoch, batch) of every pending/stacked loss
+        self._chunks: list[Tensor] = []
         self.found: Optional[BadLoss] = None
 
     def reset(self) -> None:
         """Forget what was recorded (a new fit starts)."""
-        self._pos = 0
+        self._pending.clear()
+        self._where.clear()
+        self._chunks.clear()
         self.found = None
         self.skipped = 0
 
     def __call__(self, loss: Tensor) -> Optional[Tensor]:
         if self.mode == "skip":
             return self._skip_if_bad(loss)
-        pos = self._pos
-        if pos == len(self._slots):
-            self._grow(loss.device)
-        self._slots[pos].copy_(loss.detach())
         progress = self.progress
-        self._steps[pos] = progress.global_step
-        self._epochs[pos] = progress.epoch
-        self._batches[pos] = progress.batch_in_epoch
-        self._pos = pos + 1
+        self._pending.append(loss.detach())
+        self._where.append((progress.global_step, progress.epoch, progress.batch_in_epoch))
+        if len(self._pending) == self._CHUNK:  # bound what is held: one small kernel per 256 losses
+            self._chunks.append(torch.stack(self._pending).float())
+            self._pending.clear()
         return loss
-
-    def _grow(self, device: torch.device) -> None:
-        size = max(256, 2 * len(self._slots))
-        buffer = torch.zeros(size, dtype=torch.float32, device=device)
-        if self._buffer is not None and self._pos:
-            buffer[: self._pos].copy_(self._buffer[: self._pos])
-        extra = size - len(self._steps)
-        for names in (self._steps, self._epochs, self._batches):
-            names.extend([0] * extra)
-        self._buffer = buffer
-        self._slots = list(buffer.unbind())
 
     def flush(self) -> Optional[BadLoss]:
         """Read the losses recorded since the last flush (one sync); the first non-finite one, if any."""
-        if self.found is not None or self._pos == 0:
+        if self.found is not None or not self._where:
             return self.found
-        count, self._pos = self._pos, 0
-        values = self._buffer[:count]
-        if bool(torch.isfinite(values).all()):
+        if self._pending:
+            self._chunks.append(torch.stack(self._pending).float())
+            self._pending.clear()
+        values = torch.cat(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
+        where = self._where[:]
+        self._chunks.clear()
+        self._where.clear()
+        finite = torch.isfinite(values)
+        if bool(finite.all()):
             return None
-        first = int(torch.nonzero(~torch.isfinite(values))[0, 0])
-        self.found = BadLoss(float(values[first]), self._steps[first], self._epochs[first], self._batches[first])
+        first = int(torch.nonzero(~finite)[0, 0])
+        self.found = BadLoss(float(values[first]), *where[first])
         return self.found
 
     def _skip_if_bad(self, loss: Tensor) -> Optional[Tensor]:

@@ -18,12 +18,14 @@ from strategies.connector import build_strategy
 from strategies.errors import ConfigurationError
 from strategies.strategy import Strategy
 from trainer import data as data_utils
+from trainer import slurm_requeue
 from trainer.arguments import build_callbacks, build_loggers, checkpoints_last, set_deterministic, validate_arguments
 from trainer.checkpointing import CheckpointConnector
 from trainer.datamodule import DataModule
 from trainer.distributed_data import balance_training_batches
 from trainer.faults import FaultMonitor
 from trainer.hooks import HookDispatcher, overrides
+from trainer.launch_defaults import with_launch_defaults
 from trainer.logged_metrics import ResultCollection
 from trainer.metrics_connector import MetricsConnector
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
@@ -41,12 +43,15 @@ class Trainer:
 
     ``Trainer(devices=4, precision=16, accumulate_grad_batches=16).fit(module, train_loader, val_loader)``.
     Every argument is validated here, with an error naming the argument and what would be valid.
+    Under ``trainer run``/``trainer slurm`` the launcher's settings fill the arguments the script leaves out.
 
     Faults during fit (:mod:`trainer.faults`): ``stop_signals`` finish the current optimizer step, save
     ``interrupted.ckpt`` and exit (SIGINT: raise ``KeyboardInterrupt``); ``on_nonfinite_loss`` is "stop" (the
-    default; "ignore" under 16-mixed, whose scaler skips such steps), "skip", "raise" or "ignore".
+    default; "ignore" under 16-mixed, whose scaler skips such steps), "skip", "raise" or "ignore". Under SLURM,
+    SIGUSR1 also saves, requeues the job and exits; the requeued job resumes (:mod:`trainer.slurm_requeue`).
     """
 
+    @with_launch_defaults
     def __init__(
         self,
         accelerator: str = "auto",
@@ -113,6 +118,7 @@ class Trainer:
         self.fit_loop = FitLoop(self)
         self._checkpoint = CheckpointConnector(self)
         self._faults = FaultMonitor(self, stop_signals, on_nonfinite_loss)
+        slurm_requeue.connect(self)
         self.ckpt_path: Optional[str] = None  # the checkpoint the last fit/validate/test restored
         self._optimizers: list[torch.optim.Optimizer] = []
         self._manual_optimizers: list[ManualOptimizer] = []
@@ -132,6 +138,17 @@ class Trainer:
         self.callbacks: list[Callback] = build_callbacks(
             callbacks, self.enable_checkpointing, self.enable_progress_bar, self.enable_model_summary
         )
+
+    @classmethod
+    def from_config(cls, config: Union[str, os.PathLike, dict[str, Any], None] = None, **defaults: Any) -> "Trainer":
+        """Build a Trainer from an experiment file's ``trainer:`` section (see :mod:`trainer.yaml_config`).
+
+        ``config=None`` takes the file given to ``trainer run --config``; ``defaults`` are overridden by the
+        file, which is overridden by ``--trainer.*`` arguments. Unknown keys are errors listing the valid ones.
+        """
+        from trainer.yaml_config import build_from_config
+
+        return build_from_config(cls, config, defaults)
 
     # ------------------------------------------------------------------ entry points
     def fit(
@@ -213,6 +230,8 @@ class Trainer:
             self.strategy.setup_module(model)
             self._setup_optimizers(model)
             self.should_stop = False
+            if ckpt_path is None:
+                ckpt_path = slurm_requeue.resume_path(self)
             if ckpt_path is not None:
                 self._checkpoint.restore_training(ckpt_path)
             model.train()

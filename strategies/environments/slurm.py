@@ -3,11 +3,17 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import signal
+import subprocess
+from typing import Optional, Union
 
 from strategies.environments.base import ClusterEnvironment, env_int
 from strategies.errors import ConfigurationError
 
 _INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+REQUEUE_COMMAND_VARIABLE = "TRAINER_REQUEUE_COMMAND"
+DEFAULT_REQUEUE_COMMAND = "scontrol requeue {job_id}"
 _BRACKET = re.compile(r"\[([^\]]*)\]")
 
 
@@ -59,9 +65,26 @@ def _expand_name(name: str) -> list[str]:
 class SLURMEnvironment(ClusterEnvironment):
     """Ranks from ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID``/``SLURM_NTASKS``; ``MASTER_ADDR`` defaults
     to the first host of ``SLURM_NODELIST`` and ``MASTER_PORT`` to one derived from the job id. srun started
-    every process: never launch more."""
+    every process: never launch more.
+
+    Auto-requeue: on ``requeue_signal`` (SIGUSR1, what ``#SBATCH --signal=USR1@90`` sends before the time limit)
+    the Trainer saves a checkpoint, global rank 0 runs ``requeue_command`` and the requeued job resumes from that
+    checkpoint. ``requeue_command`` (or the ``TRAINER_REQUEUE_COMMAND`` variable, for containers without
+    ``scontrol``) is a shell-style command line in which ``{job_id}`` becomes the job id.
+    """
 
     creates_processes_externally = True
+
+    def __init__(self, auto_requeue: bool = True, requeue_signal: Union[str, int, signal.Signals] = signal.SIGUSR1,
+                 requeue_command: Optional[str] = None) -> None:  # fmt: skip
+        self.auto_requeue = bool(auto_requeue)
+        try:
+            self.requeue_signal = _as_signal(requeue_signal)
+        except (KeyError, ValueError):
+            raise ConfigurationError(
+                f"requeue_signal={requeue_signal!r} is not a signal. Use a name such as 'SIGUSR1' or a signal.Signals."
+            ) from None
+        self._requeue_command = requeue_command
 
     @staticmethod
     def detect() -> bool:
@@ -126,3 +149,37 @@ class SLURMEnvironment(ClusterEnvironment):
             "and start the script with `srun python train.py`. To let the Trainer start the processes itself inside "
             "one SLURM task instead, pass strategy=DDPStrategy(cluster_environment=LocalEnvironment())."
         )
+
+    # ------------------------------------------------------------------ requeue
+    @staticmethod
+    def restart_count() -> int:
+        """How often SLURM has requeued this job (``SLURM_RESTART_COUNT``; 0 on the first run)."""
+        return env_int("SLURM_RESTART_COUNT", 0)
+
+    def requeue_command(self) -> list[str]:
+        """The command that requeues this job: the argument, else ``TRAINER_REQUEUE_COMMAND``, else ``scontrol``."""
+        text = self._requeue_command or os.environ.get(REQUEUE_COMMAND_VARIABLE) or DEFAULT_REQUEUE_COMMAND
+        job_id = os.environ.get("SLURM_JOB_ID", "")  # an array task has its own job id too
+        return [part.replace("{job_id}", job_id) for part in shlex.split(text)]
+
+    def requeue(self, timeout: float = 60) -> None:
+        """Run the requeue command; raise ``RuntimeError`` with its output when it fails."""
+        command = self.requeue_command()
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise RuntimeError(
+                f"Could not requeue the SLURM job with `{shlex.join(command)}`: {err}. Where scontrol is not available "
+                f"(e.g. in a container), set {REQUEUE_COMMAND_VARIABLE} to a command that requeues job {{job_id}}."
+            ) from None
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"`{shlex.join(command)}` failed with status {result.returncode}: {(result.stderr or result.stdout).strip()}"
+            )
+
+
+def _as_signal(value: Union[str, int, signal.Signals]) -> signal.Signals:
+    if isinstance(value, str):
+        name = value.upper()
+        return signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+    return signal.Signals(value)

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import Callback
 from trainer import Trainer, TrainModule
 
-faulthandler.dump_traceback_later(90, exit=True)  # a hang fails the test with stacks, not a blocked suite
+faulthandler.dump_traceback_later(170, exit=True)  # a hang fails the test with stacks, not a blocked suite
 torch.set_num_threads(1)
 
 

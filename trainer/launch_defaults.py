@@ -1,0 +1,57 @@
+"""Trainer defaults from the launcher: a process started by ``trainer run``/``trainer slurm`` finds the
+experiment file in ``TRAINER_CONFIG`` and the launcher's flags (JSON) in ``TRAINER_ARGS``.
+
+Kept apart from :mod:`trainer.yaml_config` so that a plain ``import trainer`` pays one decorator and,
+per Trainer, one environment look-up; the YAML machinery is imported only inside a launched process.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import threading
+import warnings
+from typing import Any, Callable, Iterator
+
+ENV_CONFIG = "TRAINER_CONFIG"
+ENV_ARGS = "TRAINER_ARGS"
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def resolved_arguments() -> Iterator[None]:
+    """Inside: Trainer arguments are final (``from_config`` merged the launcher's); no defaults are applied."""
+    previous = getattr(_state, "resolved", False)
+    _state.resolved = True
+    try:
+        yield
+    finally:
+        _state.resolved = previous
+
+
+def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
+    """Decorate ``Trainer.__init__``: in a launched process the launcher's settings fill every argument the
+    script did not pass; an argument the script passes wins, with a warning when the launcher said otherwise."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
+        if (ENV_CONFIG in os.environ or ENV_ARGS in os.environ) and not getattr(_state, "resolved", False):
+            from trainer.yaml_config import instantiate, trainer_settings
+
+            explicit = signature.bind_partial(self, *args, **kwargs).arguments
+            for key, value in trainer_settings(os.environ.get(ENV_CONFIG)).items():
+                if key not in explicit:
+                    kwargs[key] = instantiate(value)
+                elif explicit[key] != value and not isinstance(value, (dict, list)):
+                    warnings.warn(
+                        f"The launcher set Trainer {key}={value!r} (config file or --trainer.{key}), but the script "
+                        f"passes {key}={explicit[key]!r}; the script's value is used. Leave it out of the script to "
+                        "set it from the config file or command line.",
+                        stacklevel=2,
+                    )
+        init(self, *args, **kwargs)
+
+    return wrapped

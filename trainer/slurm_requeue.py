@@ -1,0 +1,81 @@
+"""SLURM auto-requeue: save on the warning signal, requeue the job, resume when it starts again.
+
+Under SLURM (``srun`` tasks, or one task running the Trainer alone) with ``SLURMEnvironment.auto_requeue``:
+
+- the requeue signal (SIGUSR1 by default; ``#SBATCH --signal=USR1@90`` sends it before the time limit) is
+  handled like a stop signal (:mod:`trainer.signals`): every rank finishes its optimizer step, all agree on the
+  step, ``interrupted.ckpt`` is saved, global rank 0 runs the requeue command (``scontrol requeue JOBID``) and
+  every rank exits with status 0. A handler the user installed for that signal still runs (it is chained);
+- when the job runs again (``SLURM_RESTART_COUNT`` > 0), ``fit()`` without ``ckpt_path`` resumes from the
+  newest checkpoint of the run's checkpoint folder (the one saved above, or ModelCheckpoint's).
+
+SIGTERM (the time limit without a warning, ``scancel``) keeps its default action: save and exit, no requeue.
+"""
+from __future__ import annotations
+
+import os
+
+import shlex
+import signal
+import sys
+from typing import TYPE_CHECKING, Callable, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    from strategies.environments.slurm import SLURMEnvironment
+    from trainer.trainer import Trainer
+
+
+def slurm_environment(trainer: "Trainer") -> Optional["SLURMEnvironment"]:
+    """The SLURM environment of this Trainer's job, or ``None`` outside SLURM."""
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    if env is None and "SLURM_NTASKS" not in os.environ:
+        return None  # not under SLURM: decided without importing the environments
+    from strategies.environments.slurm import SLURMEnvironment
+
+    if isinstance(env, SLURMEnvironment):
+        return env
+    if env is None and SLURMEnvironment.detect():  # one task, single-device strategy
+        return SLURMEnvironment()
+    return None
+
+
+def connect(trainer: "Trainer") -> None:
+    """Make the requeue signal save, requeue and exit (when the job runs under SLURM with auto-requeue)."""
+    env = slurm_environment(trainer)
+    if env is not None and env.auto_requeue:
+        trainer._faults.signals.register(env.requeue_signal, _save_and_requeue(env))
+
+
+def _save_and_requeue(env: "SLURMEnvironment") -> Callable[["Trainer", int], None]:
+    def action(trainer: "Trainer", signum: int) -> None:
+        path = trainer._checkpoint.save_interrupted()  # every rank (collectives); rank 0 writes
+        if not trainer.is_global_zero:
+            raise SystemExit(0)
+        name, command = signal.Signals(signum).name, shlex.join(env.requeue_command())
+        try:
+            env.requeue()
+        except RuntimeError as err:
+            print(f"[trainer] {name}: saved '{path}' at global step {trainer.global_step}, but the job could not be "
+                  f"requeued: {err} Resubmit it: fit() resumes with ckpt_path='last'.", file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(1) from None
+        print(f"[trainer] {name}: saved '{path}' at global step {trainer.global_step} and requeued the job with "
+              f"`{command}`; it resumes from there.", flush=True)  # fmt: skip
+        raise SystemExit(0)
+
+    return action
+
+
+def resume_path(trainer: "Trainer") -> Optional[str]:
+    """In a requeued SLURM job, the checkpoint to resume from (``None`` on a first run or without one)."""
+    env = slurm_environment(trainer)
+    if env is None or env.restart_count() == 0:
+        return None
+    try:
+        path: Optional[str] = str(trainer._checkpoint.resolve("last"))
+    except FileNotFoundError:
+        path = None
+    path = trainer.strategy.broadcast(path)  # every rank resumes from rank 0's choice
+    if trainer.is_global_zero:
+        found = f"resuming from '{path}'" if path else "no checkpoint found in the run's folder: training starts over"
+        print(f"[trainer] requeued SLURM job (restart {env.restart_count()}): {found}.", flush=True)
+    return path

@@ -20,13 +20,21 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from strategies.ddp import DDPStrategy  # noqa: F401
     from strategies.dp import DataParallelStrategy  # noqa: F401
     from strategies.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment  # noqa: F401
+    from strategies.fsdp import FSDPStrategy  # noqa: F401
+    from strategies.model_parallel import ModelParallelStrategy  # noqa: F401
+    from strategies.zero import Zero1Strategy, Zero2Strategy, ZeroStrategy  # noqa: F401
 
 _LAZY = {
     "DDPStrategy": "strategies.ddp",
     "DataParallelStrategy": "strategies.dp",
+    "FSDPStrategy": "strategies.fsdp",
     "LocalEnvironment": "strategies.environments",
+    "ModelParallelStrategy": "strategies.model_parallel",
     "SLURMEnvironment": "strategies.environments",
     "TorchElasticEnvironment": "strategies.environments",
+    "Zero1Strategy": "strategies.zero",
+    "Zero2Strategy": "strategies.zero",
+    "ZeroStrategy": "strategies.zero",
 }
 
 __all__ = [

@@ -4,6 +4,9 @@ Every file the framework writes goes through :func:`atomic_save`: a temporary fi
 folder, flushed and fsynced, then renamed over the target, so a crash mid-write leaves the previous file
 intact. Every checkpoint read goes through :func:`safe_load`: tensors and plain Python values only, so a
 hostile pickle cannot run code.
+
+A sharded checkpoint is a folder (see :mod:`strategies.sharded_checkpoint`); :func:`atomic_link`,
+:func:`remove_checkpoint` and :func:`replace_folder` accept folders as well as files.
 """
 from __future__ import annotations
 
@@ -41,8 +44,8 @@ def _fsync_dir(folder: Path) -> None:
 def _atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(target)
-    tmp = _temporary_name(target)
+    remove_stale_temporaries(target)
+    tmp = temporary_name(target)
     try:
         with open(tmp, "wb") as f:
             yield f
@@ -55,15 +58,17 @@ def _atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     _fsync_dir(target.parent)
 
 
-def _temporary_name(target: Path) -> Path:
+def temporary_name(target: Path) -> Path:
+    """Where a writer of ``target`` in this process puts its work before renaming it into place."""
     return target.with_name(f".{target.name}.tmp-{os.getpid()}")
 
 
-def _remove_stale_temporaries(target: Path) -> None:
-    # One writer per path: a temporary of this target is left over from a writer that was killed mid-save.
-    for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
-        with contextlib.suppress(OSError):
-            stale.unlink()
+def remove_stale_temporaries(target: Path) -> None:
+    """Delete temporaries (files or folders) of ``target`` left by a writer that was killed mid-save."""
+    # One writer per path, so any temporary of this target is stale.
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.*-*"):
+        if stale.name.startswith((f".{target.name}.tmp-", f".{target.name}.old-")):
+            _remove_path(stale)
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -82,15 +87,22 @@ def atomic_link(src: str | os.PathLike, dst: str | os.PathLike, symbolic: bool =
     """Make ``dst`` name the same file as ``src``, atomically; never a moment without a complete ``dst``.
 
     A hard link (the default) costs no copy and survives the later deletion of ``src``; where the file
-    system refuses hard links, the file is copied. ``symbolic=True`` makes a relative symbolic link.
+    system refuses hard links, the file is copied. ``symbolic=True`` makes a relative symbolic link. A folder
+    (a sharded checkpoint) becomes a new folder of hard links to its files, swapped in by :func:`replace_folder`.
     """
     source, target = Path(src), Path(dst)
     if source.resolve() == target.resolve():
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary_name(target)
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
+    tmp = temporary_name(target)
+    _remove_path(tmp)
+    if source.is_dir() or target.is_dir():
+        if symbolic:
+            os.symlink(os.path.relpath(source.resolve(), target.parent.resolve()), tmp)
+        else:
+            shutil.copytree(source, tmp, copy_function=_link_or_copy)
+        replace_folder(tmp, target)
+        return
     try:
         if symbolic:
             os.symlink(os.path.relpath(source.resolve(), target.parent.resolve()), tmp)
@@ -105,10 +117,45 @@ def atomic_link(src: str | os.PathLike, dst: str | os.PathLike, symbolic: bool =
     _fsync_dir(target.parent)
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def replace_folder(tmp: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Rename the finished folder (or link) ``tmp`` to ``target``, replacing what is there.
+
+    A folder cannot be renamed over a non-empty folder, so an existing ``target`` is first renamed aside and
+    deleted after the swap: between the two renames (microseconds) ``target`` is missing, but it is never
+    half-written.
+    """
+    tmp, target = Path(tmp), Path(target)
+    if tmp.is_dir() and not tmp.is_symlink():
+        _fsync_dir(tmp)
+    if not os.path.lexists(target):
+        os.replace(tmp, target)
+    else:
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        _remove_path(old)
+        os.replace(target, old)
+        os.replace(tmp, target)
+        _remove_path(old)
+    _fsync_dir(target.parent)
+
+
+def _remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def remove_checkpoint(path: str | os.PathLike) -> None:
-    """Delete a checkpoint file (or link); a file that is already gone is not an error."""
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+    """Delete a checkpoint file, link or sharded-checkpoint folder; one that is already gone is not an error."""
+    _remove_path(Path(path))
 
 
 def safe_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:

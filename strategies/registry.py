@@ -13,6 +13,11 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "dp": ("strategies.dp", "DataParallelStrategy", {}, ""),
     "ddp": ("strategies.ddp", "DDPStrategy", {"start_method": "popen"}, ""),
     "ddp_spawn": ("strategies.ddp", "DDPStrategy", {"start_method": "spawn"}, ""),
+    "zero1": ("strategies.zero", "Zero1Strategy", {}, ""),
+    "zero2": ("strategies.zero", "Zero2Strategy", {}, ""),
+    "fsdp": ("strategies.fsdp", "FSDPStrategy", {}, ""),
+    "model_parallel": ("strategies.model_parallel", "ModelParallelStrategy", {}, ""),
+    "deepspeed": ("strategies.deepspeed", "DeepSpeedStrategy", {}, "deepspeed"),
 }
 
 

@@ -210,8 +210,8 @@ class Strategy:
 
     # ------------------------------------------------------------------ checkpoints
     def module_state_dict(self, module: Optional[nn.Module] = None) -> dict[str, Any]:
-        """The full state dict of ``module`` (a module this strategy set up; default the last), gathered where
-        sharded."""
+        """The state dict a checkpoint holds for ``module`` (a module this strategy set up; default the last):
+        full here; a sharded strategy chooses (its shards, or gathered)."""
         return (self.module if module is None else module).state_dict()
 
     def load_module_state_dict(
@@ -221,7 +221,7 @@ class Strategy:
         return (self.module if module is None else module).load_state_dict(state_dict, strict=strict)
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
-        """The optimizer's full state dict (consolidated where sharded)."""
+        """The optimizer state a checkpoint holds: full here; a sharded strategy chooses (its shards, or full)."""
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
@@ -234,7 +234,11 @@ class Strategy:
             atomic_save(checkpoint, path)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Read a checkpoint safely (``weights_only=True``)."""
+        """Read a checkpoint safely (``weights_only=True``); a sharded checkpoint folder is read whole."""
+        if Path(path).is_dir():
+            from strategies.sharded_checkpoint import load_full
+
+            return load_full(path)
         return safe_load(path, map_location="cpu")
 
     def teardown(self) -> None:

@@ -6,6 +6,8 @@ A checkpoint is a plain dict of tensors and Python values (loadable with ``torch
 ``train_sampler`` (the random state the epoch's shuffle was drawn from, see :mod:`trainer.data_position`),
 ``accumulated_grads`` (only when saved inside an accumulation window), ``callbacks``, ``hyper_parameters``,
 ``datamodule``. Files are written atomically and read safely through :mod:`strategies.checkpoint_io`.
+The strategy chooses the format: sharded strategies write folders (:mod:`strategies.sharded_checkpoint`) whose
+``state_dict``/``optimizer_states`` hold each rank's shards; every strategy reads both kinds.
 
 Exact resume: the restored fit puts the saved RNG back just before its first epoch starts; mid-epoch, the
 training iterator is positioned first (the sampler redraws the epoch's order from ``train_sampler`` and
@@ -141,15 +143,19 @@ class CheckpointConnector:
         return path
 
     def _accumulated_grads(self) -> dict[str, Any]:
-        """Gradients of an unfinished accumulation window (per rank: they are not all-reduced yet)."""
+        """Gradients of an unfinished accumulation window: per rank (gathered) where they are not all-reduced yet;
+        as they are where a sharded strategy already reduced them into this rank's shard (``reduced``)."""
+        from strategies.sharded_checkpoint import is_dtensor
+
         strategy = self.trainer.strategy
         world_size = strategy.world_size
-        grads = {}
+        grads, reduced = {}, False
         for name, param in self.trainer.module.named_parameters():
             if param.grad is not None:
                 grad = param.grad.detach()
-                grads[name] = strategy.all_gather(grad) if world_size > 1 else grad
-        return {"world_size": world_size, "grads": grads}
+                reduced = is_dtensor(grad)
+                grads[name] = strategy.all_gather(grad) if world_size > 1 and not reduced else grad
+        return {"world_size": world_size, "grads": grads, "reduced": reduced}
 
     # ------------------------------------------------------------------ locating
     def resolve(self, ckpt_path: Union[str, os.PathLike]) -> Path:
@@ -281,7 +287,8 @@ class CheckpointConnector:
             return
         trainer = self.trainer
         world_size, rank = trainer.strategy.world_size, trainer.strategy.global_rank
-        if saved.get("world_size", 1) != world_size:
+        reduced = saved.get("reduced", False)  # the same on every rank, and resharded on load: any world size fits
+        if not reduced and saved.get("world_size", 1) != world_size:
             rank_zero_warn(
                 f"'{path}' was saved inside a gradient-accumulation window by {saved.get('world_size')} process(es); "
                 f"with {world_size} now, that window's partial gradients are dropped and the resume is not exact."
@@ -291,7 +298,7 @@ class CheckpointConnector:
         for name, param in trainer.module.named_parameters():
             grad = grads.get(name)
             if grad is not None:
-                param.grad = (grad[rank] if world_size > 1 else grad).to(param.device, param.dtype)
+                param.grad = (grad[rank] if world_size > 1 and not reduced else grad).to(param.device, param.dtype)
         if hasattr(trainer._optimization, "window_has_loss"):
             trainer._optimization.window_has_loss = True
 

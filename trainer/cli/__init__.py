@@ -5,9 +5,11 @@
 ``run``        launch a script on this node through ``torch.distributed.run`` (torchrun)
 ``slurm``      write an sbatch script for a SLURM cluster, and submit it with ``--submit``
 ``env``        print what the Trainer detects here (cluster, ranks, devices, versions)
+``checkpoint`` ``checkpoint consolidate DIR OUT``: one file from a sharded checkpoint folder
+``estimate-memory``  per-device memory of a module under each strategy, and a recommendation
 =============  ==============================================================================
 
-Each subcommand is a module of this package with ``add_parser(subparsers)`` (which sets ``handler``) and,
+Each subcommand is a module of this package (``estimate-memory``: ``estimate_memory``) with ``add_parser(subparsers)`` (which sets ``handler``) and,
 where it takes ``--trainer.*`` arguments, ``split_argv(argv, parser)`` → (its own arguments, the
 ``--trainer.*`` tokens, arguments passed through to the script). A misuse ends with one
 ``error: ...`` line saying what to change (exit status 2), not a traceback.
@@ -21,7 +23,7 @@ from typing import Optional
 
 from strategies.errors import ConfigurationError
 
-COMMANDS = ("config", "run", "slurm", "env")
+COMMANDS = ("config", "run", "slurm", "env", "checkpoint", "estimate_memory")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

@@ -1,0 +1,241 @@
+"""Jobs for tests/test_sharded.py. Every process writes ``rank<global rank>.pt`` into ``--out``.
+
+    python sharded_train.py --out DIR --job strategies      # 2 ranks: ddp/zero1/zero2/fsdp fits, checkpoints
+    python sharded_train.py --out DIR --job world1 --resume FOLDER   # 1 rank: fsdp resumes a 2-rank folder
+    python sharded_train.py --out DIR --job deepspeed       # 2 ranks: ZeRO-2 through DeepSpeed
+
+All fits train the same model on the same data (shuffled, Adam with StepLR, accumulation 2, norm clipping,
+validation with sync_dist), so their final weights can be compared across strategies and across resumes.
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+
+from callbacks import Callback, ModelCheckpoint  # noqa: E402
+from strategies.sharded_checkpoint import consolidate, is_dtensor  # noqa: E402
+from strategies import ConfigurationError  # noqa: E402
+from trainer import Trainer, TrainModule  # noqa: E402
+
+N_TRAIN, BATCH, ACCUMULATE, EPOCHS, LR, CLIP = 48, 3, 2, 2, 0.05, 0.5
+STOP_AT = 3  # optimizer steps before the interrupted fit stops (mid-epoch: 4 steps per epoch on 2 ranks)
+HANG_DUMP_S = 150
+
+
+class Net(TrainModule):
+    """Sizes that ZeRO-1 (whole parameters) and FSDP (rows of each) can both split about evenly in two; the
+    one-row parameters leave rank 1 an empty shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 6), nn.Tanh(), nn.Linear(6, 1))
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return self.net(x) * self.scale
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.compute_dtype = self.net[0].weight.dtype  # what the layer computes with (FSDP gathers in param_dtype)
+        return nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=LR)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 3, gamma=0.5)}
+
+
+def data(batch: int = BATCH, one_process_order: bool = False) -> tuple[DataLoader, DataLoader]:
+    """Shuffled training data. ``one_process_order``: without a strategy that splits the data, shuffle as the
+    DistributedSampler the Trainer gives 2 ranks does (so batches of 2*BATCH hold what both ranks' held)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(N_TRAIN, 6, generator=generator)
+    y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(N_TRAIN, 1, generator=generator)
+    dataset = TensorDataset(x, y)
+    if one_process_order:
+        train = DataLoader(dataset, batch_size=batch, sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=0))
+    else:
+        train = DataLoader(dataset, batch_size=batch, shuffle=True)
+    return train, DataLoader(TensorDataset(x[:10], y[:10]), batch_size=5)
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if is_dtensor(tensor) else tensor
+    return local.numel() * local.element_size()
+
+
+class MemoryProbe(Callback):
+    """Bytes of the real tensors this rank holds after the last optimizer step (before zero_grad)."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+
+    def on_before_zero_grad(self, trainer, module, optimizer):
+        local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer there
+        self.bytes = {
+            "parameters": sum(local_bytes(p) for p in module.parameters()),
+            "gradients": sum(local_bytes(p.grad) for p in module.parameters() if p.grad is not None),
+            "optimizer_state": sum(local_bytes(v) for state in local.state.values() for v in state.values()
+                                   if isinstance(v, torch.Tensor)),  # fmt: skip
+        }
+
+
+class SaveMidWindow(Callback):
+    """Save after micro-batch ``batch`` of the first epoch: inside an accumulation window when it is odd."""
+
+    def __init__(self, path: Path, batch: int = 4) -> None:
+        self.path, self.batch = path, batch
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.current_epoch == 0 and batch_idx == self.batch:
+            trainer.save_checkpoint(self.path)
+
+
+def full_weights(trainer: Trainer, module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every rank gets the whole module's weights, whatever the strategy."""
+    if trainer.strategy.strategy_name in ("fsdp", "zero2"):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+    else:
+        state = module.state_dict()
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+
+def fit(strategy, devices: int = 2, batch: int = BATCH, callbacks=(), ckpt_path=None, one_process_order=False,
+        configure_optimizers_early=False, **overrides):
+    torch.manual_seed(0)
+    module = Net()
+    if configure_optimizers_early:  # the mistake of building the optimizer before the Trainer shards the module
+        optimizer = torch.optim.Adam(module.parameters())
+        module.configure_optimizers = lambda: optimizer
+    settings = dict(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=EPOCHS,
+                    accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, logger=False,
+                    enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                    callbacks=list(callbacks))  # fmt: skip
+    settings.update(overrides)
+    trainer = Trainer(**settings)
+    trainer.fit(module, *data(batch, one_process_order), ckpt_path=ckpt_path)
+    return trainer, module
+
+
+def checkpoints(folder: Path) -> list[ModelCheckpoint]:
+    """Every STOP_AT steps (with last.ckpt) in ``folder``, and at every epoch end in ``folder/epochs``."""
+    return [ModelCheckpoint(dirpath=folder, every_n_train_steps=STOP_AT, save_top_k=-1, save_last=True),
+            ModelCheckpoint(dirpath=folder / "epochs", save_top_k=-1)]  # fmt: skip
+
+
+def strategies_job(out: Path) -> dict:
+    report: dict = {}
+    for name in ("ddp", "zero1", "zero2", "fsdp"):
+        probe = MemoryProbe()
+        callbacks = [probe] + ([SaveMidWindow(out / "mid_window.ckpt")] if name == "fsdp" else [])
+        strategy = name
+        if name == "fsdp":
+            from strategies import FSDPStrategy
+
+            strategy = FSDPStrategy(auto_wrap_policy={nn.Linear})
+        trainer, module = fit(strategy, callbacks=callbacks)
+        report[name] = {"weights": full_weights(trainer, module), "bytes": probe.bytes,
+                        "global_step": trainer.global_step, "optimizer": type(trainer.optimizers[0]).__name__,
+                        "val_loss": float(trainer.callback_metrics["val_loss"])}  # fmt: skip
+    rank = trainer.global_rank
+
+    # Interrupted at STOP_AT steps, resumed from the newest sharded folder ("last").
+    for name in ("fsdp", "zero1"):
+        folder = out / f"ckpt_{name}"
+        trainer, module = fit(name, callbacks=checkpoints(folder), max_steps=STOP_AT)
+        report[f"{name}_at_stop"] = full_weights(trainer, module)
+        trainer, module = fit(name, callbacks=checkpoints(folder), ckpt_path="last")
+        report[f"{name}_resumed"] = full_weights(trainer, module)
+        report[f"{name}_resumed_from"] = trainer.ckpt_path
+
+    # A full checkpoint file (consolidated from the sharded folder) loaded into a sharded run.
+    full_file = out / "consolidated_at_stop.ckpt"
+    if rank == 0:
+        consolidate(out / "ckpt_fsdp" / f"epoch=0-step={STOP_AT}.ckpt", full_file)
+    trainer.strategy.barrier()
+    trainer, module = fit("fsdp", ckpt_path=str(full_file))
+    report["fsdp_from_full_file"] = full_weights(trainer, module)
+
+    # Saved inside an accumulation window (FSDP had already reduce-scattered the window's gradients).
+    trainer, module = fit("fsdp", ckpt_path=str(out / "mid_window.ckpt"))
+    report["fsdp_from_mid_window"] = full_weights(trainer, module)
+
+    # A folder written by FSDP resumed by ZeRO-1 (optimizer state resharded from FSDP's layout to ZeRO's).
+    trainer, module = fit("zero1", ckpt_path=str(out / "ckpt_fsdp" / f"epoch=0-step={STOP_AT}.ckpt"))
+    report["zero1_from_fsdp_folder"] = full_weights(trainer, module)
+
+    # Mixed precision from the plugin: bf16 compute, float32 master shards.
+    trainer, module = fit("fsdp", precision="bf16-mixed")
+    report["fsdp_bf16"] = {"compute_dtype": module.compute_dtype, "weights": full_weights(trainer, module),
+                           "stored_dtypes": {p.dtype for p in module.parameters()}}  # fmt: skip
+
+    # An optimizer built before the module was sharded is refused with advice.
+    try:
+        fit("fsdp", configure_optimizers_early=True)
+    except ConfigurationError as err:
+        report["early_optimizer_error"] = str(err)
+    report["rank"] = rank
+    return report
+
+
+def world1_job(resume: str) -> dict:
+    """One rank continues a folder two ranks wrote at an epoch end; batches twice as large cover the same
+    samples per step as the two ranks' batches did."""
+    trainer, module = fit("fsdp", devices=1, batch=2 * BATCH, ckpt_path=resume)
+    return {"rank": trainer.global_rank, "world_size": trainer.world_size, "weights": full_weights(trainer, module),
+            "global_step": trainer.global_step}  # fmt: skip
+
+
+def deepspeed_job(out: Path) -> dict:
+    """ZeRO-2 through DeepSpeed: a full fit, and one interrupted at STOP_AT steps then resumed from its folder."""
+    from strategies.deepspeed import DeepSpeedStrategy
+
+    def strategy() -> DeepSpeedStrategy:
+        return DeepSpeedStrategy(stage=2, config={"gradient_clipping": CLIP})
+
+    def weights(module: nn.Module) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+    trainer, module = fit(strategy())
+    report = {"rank": trainer.global_rank, "weights": weights(module), "global_step": trainer.global_step}
+    folder = out / "ckpt_deepspeed"
+    fit(strategy(), callbacks=checkpoints(folder), max_steps=STOP_AT)
+    trainer, module = fit(strategy(), callbacks=checkpoints(folder), ckpt_path="last")
+    report.update(resumed=weights(module), resumed_from=trainer.ckpt_path)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--job", required=True, choices=("strategies", "world1", "deepspeed"))
+    parser.add_argument("--resume", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    faulthandler.dump_traceback_later(HANG_DUMP_S, exit=True)  # a hang fails with a traceback
+    out = Path(args.out)
+    if args.job == "strategies":
+        report = strategies_job(out)
+    elif args.job == "world1":
+        report = world1_job(args.resume)
+    else:
+        report = deepspeed_job(out)
+    torch.save(report, out / f"rank{report['rank']}.pt")
+
+
+if __name__ == "__main__":
+    main()

@@ -54,3 +54,20 @@ def test_engine_loop(tmp_path, extra):
     assert float(accuracy) > 0.6  # three epochs; chance is 0.1
     [metrics] = tmp_path.glob("digits/version_*/metrics.csv")
     assert "val_acc" in metrics.read_text().splitlines()[0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("device_map", ["split", "auto"])
+def test_model_parallel(tmp_path, device_map):
+    out = run_example("model_parallel.py", "--max-epochs", "1", "--width", "16", "--device-map", device_map,
+                      "--root-dir", str(tmp_path), cwd=tmp_path)  # fmt: skip
+    assert "final validation token accuracy" in out
+    assert "placement: encoder on device 0 (cpu), decoder on device 1 (cpu)" in out
+
+
+@pytest.mark.timeout(300)
+def test_char_lm_fsdp_on_two_processes(tmp_path):
+    out = run_example("char_lm.py", "--width", "16", "--context", "16", "--batch-size", "8", "--max-steps", "4",
+                      "--devices", "2", "--strategy", "fsdp", "--root-dir", str(tmp_path), cwd=tmp_path)  # fmt: skip
+    assert "final validation loss" in out
+    assert list(tmp_path.glob("logs/version_0/checkpoints/*")), "the sharded checkpoint folder was not written"

@@ -50,3 +50,15 @@ def test_readme_opens_with_the_two_setup_commands():
     readme = (ROOT / "README.md").read_text()
     head = readme[:800]
     assert "make demo" in head and "make test" in head
+
+
+def test_relative_links_in_readme_and_docs_point_to_existing_files():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, f"broken links: {broken}"

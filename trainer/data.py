@@ -20,6 +20,14 @@ def as_loader_list(loaders: Any) -> list[Any]:
     return [loaders]
 
 
+def loader_from(explicit: Any, datamodule: Any, module: Any, source: str) -> Any:
+    """The loader(s) passed explicitly, else ``datamodule.<source>()``, else ``module.<source>()``."""
+    if explicit is not None:
+        return explicit
+    owner = datamodule if datamodule is not None else module
+    return getattr(owner, source)()
+
+
 def check_iterable(loader: Any, argument: str) -> None:
     """Raise a clear error when something that cannot yield batches is passed as data."""
     if not hasattr(loader, "__iter__"):

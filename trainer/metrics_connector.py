@@ -114,3 +114,13 @@ class MetricsConnector:
         if self.trainer.is_global_zero:
             for logger in self.trainer.loggers:
                 logger.finalize(status)
+
+
+def print_eval_results(stage: str, outputs: list[dict[str, float]]) -> None:
+    """The table validate()/test() print on global rank 0: one block of metrics per dataloader."""
+    for idx, metrics in enumerate(outputs):
+        title = f"{stage} metrics" + (f" (dataloader {idx})" if len(outputs) > 1 else "")
+        width = max([len(k) for k in metrics] + [len(title)])
+        print(title)
+        for key, value in sorted(metrics.items()):
+            print(f"  {key:<{width}}  {value:.6g}")

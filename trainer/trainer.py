@@ -27,7 +27,7 @@ from trainer.faults import FaultMonitor
 from trainer.hooks import HookDispatcher, overrides
 from trainer.launch_defaults import with_launch_defaults
 from trainer.logged_metrics import ResultCollection
-from trainer.metrics_connector import MetricsConnector
+from trainer.metrics_connector import MetricsConnector, print_eval_results
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
 from trainer.loops.fit_loop import FitLoop
 from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
@@ -270,7 +270,7 @@ class Trainer:
             results = self._metrics.new_collection(stage)
             outputs = EvaluationLoop(self, stage).run(loaders, limits, results)
             if verbose and self.is_global_zero:
-                _print_results(stage, outputs)
+                print_eval_results(stage, outputs)
             self._metrics.finalize("success")
             return outputs
 
@@ -344,42 +344,36 @@ class Trainer:
         return self.callbacks
 
     def _setup_fit_data(self, model: TrainModule, train: Any, val: Any, datamodule: Optional[DataModule]) -> None:
-        if train is None:
-            train = datamodule.train_dataloader() if datamodule is not None else model.train_dataloader()
+        train = data_utils.loader_from(train, datamodule, model, "train_dataloader")
         if train is None:
             raise ConfigurationError(
                 "fit() has no training data: pass train_dataloaders=..., a datamodule with train_dataloader(), "
                 "or implement train_dataloader() on the module."
             )
         self._set_train_dataloader(train, "train_dataloaders")
-        sampler_kwargs = self.strategy.distributed_sampler_kwargs
         self._val_dataloaders, self._val_batch_limits = [], []
         if overrides(model, TrainModule, "validation_step") and self.limit_val_batches != 0:
-            loaders = data_utils.as_loader_list(val) or data_utils.as_loader_list(
-                datamodule.val_dataloader() if datamodule is not None else model.val_dataloader()
-            )
-            for loader in loaders:
-                data_utils.check_iterable(loader, "val_dataloaders")
-            self._val_dataloaders = [data_utils.prepare_loader(dl, sampler_kwargs, False, self.use_distributed_sampler)
-                                     for dl in loaders]  # fmt: skip
+            loaders = data_utils.as_loader_list(data_utils.loader_from(val, datamodule, model, "val_dataloader"))
+            self._val_dataloaders = self._prepare_loaders(loaders, "val_dataloaders", training=False)
             self._val_batch_limits = [data_utils.limited_batches(dl, self.limit_val_batches, "limit_val_batches")
                                       for dl in self._val_dataloaders]  # fmt: skip
         self._val_enabled = any(limit > 0 for limit in self._val_batch_limits)
 
     def _eval_loaders(self, loaders: Any, datamodule: Optional[DataModule], model: TrainModule,
                       source: str, argument: str) -> list[Any]:  # fmt: skip
-        if loaders is None:
-            owner = datamodule if datamodule is not None else model
-            loaders = getattr(owner, source)()
-        loaders = data_utils.as_loader_list(loaders)
+        loaders = data_utils.as_loader_list(data_utils.loader_from(loaders, datamodule, model, source))
         if not loaders:
             raise ConfigurationError(
                 f"No data: pass {argument}, a datamodule with {source}(), or implement {source}() on the module."
             )
+        return self._prepare_loaders(loaders, argument, training=False)
+
+    def _prepare_loaders(self, loaders: list[Any], argument: str, training: bool) -> list[Any]:
+        """Check each loader and split it across ranks (the training loader gets a shuffling sampler)."""
+        sampler_kwargs = self.strategy.distributed_sampler_kwargs
         for loader in loaders:
             data_utils.check_iterable(loader, argument)
-        sampler_kwargs = self.strategy.distributed_sampler_kwargs
-        return [data_utils.prepare_loader(dl, sampler_kwargs, False, self.use_distributed_sampler) for dl in loaders]
+        return [data_utils.prepare_loader(dl, sampler_kwargs, training, self.use_distributed_sampler) for dl in loaders]
 
     def _setup_optimizers(self, model: TrainModule) -> None:
         optimizers, schedulers = parse_optimizers(model.configure_optimizers())
@@ -411,9 +405,7 @@ class Trainer:
         self._set_train_dataloader(loader, "reset_train_dataloader(loader)")
 
     def _set_train_dataloader(self, loader: Any, argument: str) -> None:
-        data_utils.check_iterable(loader, argument)
-        self._train_dataloader = data_utils.prepare_loader(loader, self.strategy.distributed_sampler_kwargs, True,
-                                                           self.use_distributed_sampler)  # fmt: skip
+        [self._train_dataloader] = self._prepare_loaders([loader], argument, training=True)
         self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
                                                                "limit_train_batches")  # fmt: skip
         if self.strategy.world_size > 1:  # ranks that run different batch counts would deadlock in DDP
@@ -606,11 +598,3 @@ class Trainer:
     def __repr__(self) -> str:
         return f"Trainer(strategy={self.strategy!r}, max_epochs={self.max_epochs}, max_steps={self.max_steps})"
 
-
-def _print_results(stage: str, outputs: list[dict[str, float]]) -> None:
-    for idx, metrics in enumerate(outputs):
-        title = f"{stage} metrics" + (f" (dataloader {idx})" if len(outputs) > 1 else "")
-        width = max([len(k) for k in metrics] + [len(title)])
-        print(title)
-        for key, value in sorted(metrics.items()):
-            print(f"  {key:<{width}}  {value:.6g}")

@@ -42,6 +42,8 @@ class ParallelStrategy(Strategy):
     """
 
     is_distributed = True
+    # Shared by every Trainer in the process (they share one process group): did the latest stage end cleanly?
+    _last_stage_clean = False
 
     def __init__(
         self,
@@ -67,7 +69,6 @@ class ParallelStrategy(Strategy):
         self.num_nodes = 1
         self._ranks: Optional[tuple[int, int, int, int]] = None  # (world size, global, local, node) once set up
         self._owns_process_group = False
-        self._stage_finished = False  # the last stage ended normally: the process group is healthy
 
     def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
         super().connect(devices, num_nodes, precision)
@@ -137,7 +138,7 @@ class ParallelStrategy(Strategy):
         env = self.cluster_environment
         if env is None:
             raise RuntimeError(f"{type(self).__name__}.setup_environment() called before connect().")
-        self._stage_finished = False
+        ParallelStrategy._last_stage_clean = False
         self._ranks = (env.world_size(), env.global_rank(), env.local_rank(), env.node_rank())
         local_rank = self._ranks[2]
         if local_rank >= len(self.parallel_devices):
@@ -221,11 +222,19 @@ class ParallelStrategy(Strategy):
         """Drop the wrapper after a stage. The process group stays for this process's next stage (creating a
         new one on the same port would race with ranks still leaving the old one); it is destroyed at exit."""
         self.model = self.module
-        self._stage_finished = True
+        ParallelStrategy._last_stage_clean = True
 
     def _destroy_process_group(self) -> None:
-        # Only after a clean stage: after a failure a peer may be gone and destroying could block on it.
-        if self._owns_process_group and self._stage_finished and _distributed_ready():
+        # Only if this process's last stage (of any Trainer sharing the group) ended cleanly: after a failure
+        # a peer may be gone and meeting it could block.
+        if self._owns_process_group and ParallelStrategy._last_stage_clean and _distributed_ready():
+            # Meet first: a rank that closes its connections while a peer is still finishing the last
+            # collective can make that peer's exit abort (seen rarely with gloo as
+            # "terminate called without an active exception").
+            try:
+                self.barrier("exit")
+            except Exception:  # a peer already left; destroying locally is still right
+                pass
             dist.destroy_process_group()
         self._owns_process_group = False
 

@@ -5,7 +5,6 @@ import pytest
 import yaml
 
 from strategies import ConfigurationError
-from strategies.registry import register_strategy
 from trainer.accelerate_config import is_accelerate_config, translate_accelerate_config
 
 # What `accelerate config` writes for two machines with four GPUs each.
@@ -68,20 +67,7 @@ def test_gpu_ids_become_cuda_visible_devices():
     assert config["env"] == {"CUDA_VISIBLE_DEVICES": "2,3"} and config["devices"] == 2
 
 
-@pytest.fixture
-def sharded_strategies():
-    """Names the sharded strategies will register (their classes are not needed to translate a file)."""
-    from strategies import registry
-
-    saved = dict(registry._REGISTRY)
-    for name in ("zero1", "zero2", "fsdp"):
-        register_strategy(name, "strategies.ddp", "DDPStrategy")
-    yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(saved)
-
-
-def test_deepspeed_stages_and_accumulation_map_to_native_strategies(sharded_strategies):
+def test_deepspeed_stages_and_accumulation_map_to_native_strategies():
     for stage, strategy in ((1, "zero1"), (2, "zero2"), (3, "fsdp")):
         config = translate(MULTI_GPU, distributed_type="DEEPSPEED", deepspeed_config={
             "zero_stage": stage, "offload_optimizer_device": "none", "offload_param_device": "none",
@@ -90,7 +76,7 @@ def test_deepspeed_stages_and_accumulation_map_to_native_strategies(sharded_stra
                                      "accumulate_grad_batches": 4}  # fmt: skip
 
 
-def test_fsdp_sharding_strategies_map_and_tuning_keys_are_ignored_with_a_warning(sharded_strategies):
+def test_fsdp_sharding_strategies_map_and_tuning_keys_are_ignored_with_a_warning():
     fsdp = {"fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_offload_params": False,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_state_dict_type": "SHARDED_STATE_DICT"}  # fmt: skip
     with pytest.warns(UserWarning, match="fsdp_auto_wrap_policy, fsdp_state_dict_type are ignored"):
@@ -126,14 +112,9 @@ def test_fsdp_sharding_strategies_map_and_tuning_keys_are_ignored_with_a_warning
     ({"distributed_type": "FSDP", "fsdp_config": {"fsdp_sharding_strategy": "HYBRID_SHARD"}},
      "fsdp_config.fsdp_sharding_strategy: HYBRID_SHARD is not supported"),
 ])  # fmt: skip
-def test_what_cannot_be_honoured_is_an_error_naming_the_key(sharded_strategies, changes, key):
+def test_what_cannot_be_honoured_is_an_error_naming_the_key(changes, key):
     with pytest.raises(ConfigurationError, match=f"^acc.yaml: {key}"):
         translate(MULTI_GPU, **changes)
-
-
-def test_a_sharded_type_without_its_strategy_says_so():
-    with pytest.raises(ConfigurationError, match="deepspeed_config.zero_stage: needs strategy 'zero2'.*Available"):
-        translate(MULTI_GPU, distributed_type="DEEPSPEED", deepspeed_config={"zero_stage": 2})
 
 
 def test_trainer_run_takes_an_accelerate_file_for_its_launch_settings(tmp_path, capsys):

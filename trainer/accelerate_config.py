@@ -27,7 +27,6 @@ import warnings
 from typing import Any, Mapping
 
 from strategies.errors import ConfigurationError
-from strategies.registry import strategy_names
 
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 _PRECISIONS = {"no": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
@@ -149,10 +148,6 @@ def translate_accelerate_config(data: Mapping[str, Any], source: str = "config")
         trainer.update(_deepspeed(read, data.get("deepspeed_config") or {}))
     elif kind == "FSDP":
         trainer["strategy"] = _fsdp(read, data.get("fsdp_config") or {})
-    if "strategy" in trainer and trainer["strategy"] not in strategy_names():
-        section = "deepspeed_config.zero_stage" if kind == "DEEPSPEED" else "fsdp_config.fsdp_sharding_strategy"
-        raise read.fail(section, f"needs strategy {trainer['strategy']!r} (distributed_type: {kind}), which this "
-                                 f"installation does not provide. Available: {', '.join(strategy_names())}.")  # fmt: skip
     if env:
         config["env"] = env
     config["trainer"] = trainer

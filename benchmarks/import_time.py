@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,9 +27,15 @@ print(json.dumps({{"torch": after_torch - start, "extra": end - after_torch, "he
 """
 
 
+# Users' installs keep compiled bytecode; with PYTHONDONTWRITEBYTECODE set every probe would recompile
+# the project's sources and measure the compiler instead of the import.
+_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def probe(with_trainer: bool) -> dict:
+    """Times ``import torch`` (and ``import trainer`` after it) in a fresh interpreter."""
     out = subprocess.run([sys.executable, "-c", _PROBE.format(with_trainer=with_trainer)],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+                         capture_output=True, text=True, check=True, env=_ENV)  # fmt: skip
     return json.loads(out.stdout)
 
 

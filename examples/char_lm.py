@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--context", type=int, default=48)
     parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--root-dir", default="logs/char_lm")
+    parser.add_argument("--root-dir", default="runs/char_lm")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint (exactly)")
     args = parser.parse_args()
 

@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--max-epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--root-dir", default="logs/digits")
+    parser.add_argument("--root-dir", default="runs/digits")
     args = parser.parse_args()
 
     seed_everything(42)

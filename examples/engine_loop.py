@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, dest="accumulate_grad_batches")
     parser.add_argument("--max-epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--root-dir", default="logs/engine_loop")
+    parser.add_argument("--root-dir", default="runs/engine_loop")
     args = parser.parse_args()
 
     seed_everything(42)

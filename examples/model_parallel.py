@@ -90,7 +90,7 @@ def main() -> None:
                         help="split: encoder on device 0, decoder on device 1; auto: balance by parameter bytes")
     parser.add_argument("--max-epochs", type=int, default=8)
     parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--root-dir", default="logs/model_parallel")
+    parser.add_argument("--root-dir", default="runs/model_parallel")
     args = parser.parse_args()
 
     seed_everything(0)

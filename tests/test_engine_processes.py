@@ -99,6 +99,9 @@ def test_collectives_and_rank_zero_io_on_two_ranks(jobs):
         assert float(report["reduce_sum"]) == 3.0 and float(report["reduce_mean"]) == 1.5
         assert report["broadcast"] == {"from": 1}
         assert report["device"] == "cpu"
+        assert sorted(report["gather_epoch"].tolist()) == [0, 0, 1, 2, 3, 4, 5, 6]  # the sampler's repeat
+        index, label = report["gather_for_metrics_epoch"]
+        assert index.tolist() == [0, 2, 1, 3, 4, 6, 5] and label.tolist() == [10 * i for i in index.tolist()]
     assert rank0["ranks"] == (2, 0, 0, True, True) and rank1["ranks"] == (2, 1, 1, False, False)
     assert (folder / "saved_by_0.pt").exists() and not (folder / "saved_by_1.pt").exists()
     assert output.count("printed by rank") == 1 and "printed by rank 0" in output

@@ -34,7 +34,9 @@ from strategies.errors import ConfigurationError
 from strategies.strategy import Strategy
 from trainer.arguments import check_accumulate_grad_batches
 from trainer.data import prepare_loader
-from trainer.engine_wrappers import AccumulationWindow, AutocastForward, EngineDataLoader, EngineOptimizer, EngineScheduler
+from trainer.engine_wrappers import (
+    AccumulationWindow, AutocastForward, EngineDataLoader, EngineOptimizer, EngineScheduler, LoaderState,
+)
 from trainer.launch_defaults import with_launch_defaults
 from trainer.trackers import check_trackers, create_trackers
 
@@ -98,6 +100,7 @@ class Engine:
                 "hand-written loop does not have. Use strategy='ddp' (one process per device) with the Engine."
             )
         self._window = AccumulationWindow(accumulate)
+        self._loader_state = LoaderState()  # set by prepared loaders, read by gather_for_metrics
         self._autocast = AutocastForward(self.strategy.precision)
         self._modules: list[tuple[nn.Module, nn.Module, list[Any]]] = []  # (module, runner, autocast hooks)
         self._optimizers: list[EngineOptimizer] = []
@@ -269,7 +272,7 @@ class Engine:
 
     def _prepare_loader(self, loader: DataLoader, training: bool) -> EngineDataLoader:
         split = prepare_loader(loader, self.strategy.distributed_sampler_kwargs, training, self.use_distributed_sampler)
-        prepared = EngineDataLoader(split, self.strategy, self._window if training else None)
+        prepared = EngineDataLoader(split, self.strategy, self._window if training else None, self._loader_state)
         self._loaders.append(prepared)
         return prepared
 
@@ -386,6 +389,23 @@ class Engine:
         rank); nested dicts/lists/tuples of tensors keep their structure. Every rank must call it."""
         gather = self.strategy.all_gather
         return _apply_to_tensors(data, lambda t: gather(t).flatten(0, 1) if t.dim() else gather(t))
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """:meth:`gather`, less the samples a prepared dataloader repeated to give every rank equally many
+        batches: gathering a metric's inputs over a whole epoch counts each sample exactly once. Call it on the
+        batch the loader just yielded (tensors whose first dimension is the batch). Every rank must call it."""
+        gather, padded = self.strategy.all_gather, self._loader_state.padded_ranks
+        if not padded:
+            return self.gather(data)
+        first_padded = self.num_processes - padded
+
+        def per_sample(tensor: Tensor) -> Tensor:
+            if not tensor.dim():
+                return gather(tensor)
+            ranks = gather(tensor)
+            return torch.cat([rows if rank < first_padded else rows[:-1] for rank, rows in enumerate(ranks)])
+
+        return _apply_to_tensors(data, per_sample)
 
     def reduce(self, data: Any, reduction: str = "sum") -> Any:
         """Tensors reduced over ranks: ``"sum"`` (Accelerate's default), ``"mean"``, ``"max"``, ``"min"`` or

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from torch import nn
 from torch.optim import Optimizer
+from torch.utils.data import DistributedSampler
 
 from trainer.data import loader_length
 from trainer.data_position import TrainDataPosition
@@ -50,6 +51,30 @@ class AccumulationWindow:
         self.position = position
         self.sync = position == 0
         return self.sync
+
+
+class LoaderState:
+    """What the prepared dataloaders tell the Engine about the batch just yielded: on a last batch evened out
+    by the distributed sampler, how many ranks' batches end with a repeated sample (0 otherwise)."""
+
+    __slots__ = ("padded_ranks",)
+
+    def __init__(self) -> None:
+        self.padded_ranks = 0
+
+
+def padded_ranks(loader: Any) -> int:
+    """How many ranks' last batch ends with a sample a ``DistributedSampler`` repeated to give every rank
+    equally many. The repeats fill the padded tail of the index list, which the sampler deals out one per
+    rank to the highest ranks, so each of those ranks has exactly one, as its very last sample."""
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
+        return 0
+    padding = sampler.total_size - len(sampler.dataset)
+    batch_size = getattr(loader, "batch_size", None)
+    if padding <= 0 or (loader.drop_last and batch_size and sampler.num_samples % batch_size):
+        return 0  # nothing repeated, or the partial last batch holding the repeat is dropped
+    return padding
 
 
 class EngineOptimizer(Optimizer):
@@ -172,10 +197,13 @@ class EngineDataLoader:
     ``epoch`` counts finished passes; ``batch_in_epoch`` the batches yielded in the current one.
     """
 
-    def __init__(self, loader: Any, strategy: "Strategy", window: Optional[AccumulationWindow]) -> None:
+    def __init__(self, loader: Any, strategy: "Strategy", window: Optional[AccumulationWindow],
+                 state: Optional[LoaderState] = None) -> None:  # fmt: skip
         self.loader = loader
         self._strategy = strategy
         self._window = window
+        self._state = state if state is not None else LoaderState()
+        self._padded_ranks = padded_ranks(loader)
         self.epoch = 0
         self.batch_in_epoch = 0
         self._position = TrainDataPosition()
@@ -209,13 +237,17 @@ class EngineDataLoader:
         to_device = self._strategy.batch_to_device
         window = self._window
         total = loader_length(self.loader)
+        padded, state = self._padded_ranks, self._state
         if not math.isinf(total):
             for batch in iterator:
                 index += 1
                 self.batch_in_epoch = index
                 if window is not None:
                     window.end_of_data = index >= total
+                if padded:
+                    state.padded_ranks = padded if index >= total else 0
                 yield to_device(batch)
+            state.padded_ranks = 0
         else:  # no length: look one batch ahead to know which is the last
             batch = next(iterator, _END)
             while batch is not _END:

@@ -139,6 +139,11 @@ def collectives(engine: Engine, out: Path) -> dict:
                   engine.is_main_process, engine.is_local_main_process),  # fmt: skip
         "device": str(engine.device),
     }
+    # 7 samples on 2 ranks: the sampler repeats sample 0 as rank 1's last, so both run 2 batches of up to 2.
+    samples = engine.prepare(DataLoader(TensorDataset(torch.arange(7), torch.arange(7) * 10), batch_size=2))
+    gathered = [(engine.gather(index), engine.gather_for_metrics((index, label))) for index, label in samples]
+    report["gather_epoch"] = torch.cat([plain for plain, _ in gathered])
+    report["gather_for_metrics_epoch"] = [torch.cat(parts) for parts in zip(*(pair for _, pair in gathered))]
     engine.end_training()
     return report
 

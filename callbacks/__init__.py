@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from callbacks.model_checkpoint import ModelCheckpoint  # noqa: F401
     from callbacks.model_summary import ModelSummary  # noqa: F401
     from callbacks.rich_progress import RichProgressBar  # noqa: F401
+    from callbacks.stochastic_weight_averaging import StochasticWeightAveraging  # noqa: F401
     from callbacks.throughput_monitor import ThroughputMonitor  # noqa: F401
     from callbacks.timer import Timer  # noqa: F401
 
@@ -35,6 +36,7 @@ _LAZY = {
     "ModelCheckpoint": "callbacks.model_checkpoint",
     "ModelSummary": "callbacks.model_summary",
     "RichProgressBar": "callbacks.rich_progress",
+    "StochasticWeightAveraging": "callbacks.stochastic_weight_averaging",
     "ThroughputMonitor": "callbacks.throughput_monitor",
     "Timer": "callbacks.timer",
 }

@@ -283,6 +283,12 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         """Load a sharded (name-keyed, DTensor) or full (index- or name-keyed) optimizer state."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+        if not state.get("state"):
+            # Nothing per parameter (plain SGD): only the groups' settings to restore. torch's loader needs a
+            # state tensor to find the device and fails without one.
+            for group, saved in zip(optimizer.param_groups, state["param_groups"]):
+                group.update({key: value for key, value in saved.items() if key != "params"})
+            return
         if not keyed_by_name(state):
             state = optimizer_state_by_name(state, parameter_names(self.module, optimizer))
         sharded = any(is_dtensor(v) for entry in state.get("state", {}).values() for v in entry.values())

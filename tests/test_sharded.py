@@ -121,6 +121,12 @@ def test_sharded_checkpoint_resumes_exactly(jobs, ranks, name):
         assert_equal(rank[f"{name}_resumed"], rank[name]["weights"])
 
 
+def test_an_optimizer_without_state_resumes_under_a_sharded_strategy(ranks):
+    for report in ranks:
+        assert_equal(report["zero2_sgd_resumed"], report["zero2_sgd_uninterrupted"])
+        assert report["zero2_sgd_resumed_lr"] == sharded_train.LR * 0.5**2  # StepLR(3) after 8 steps, restored
+
+
 def test_full_checkpoint_file_loads_into_a_sharded_run(ranks):
     for rank in ranks:
         assert_equal(rank["fsdp_from_full_file"], rank["fsdp"]["weights"])

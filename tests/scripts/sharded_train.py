@@ -113,10 +113,19 @@ def full_weights(trainer: Trainer, module: nn.Module) -> dict[str, torch.Tensor]
     return {k: v.detach().cpu().clone() for k, v in state.items()}
 
 
+def plain_sgd(module: nn.Module) -> dict:
+    """An optimizer without per-parameter state: a checkpoint holds only its groups' settings."""
+    optimizer = torch.optim.SGD(module.parameters(), lr=LR)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 3, gamma=0.5)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
 def fit(strategy, devices: int = 2, batch: int = BATCH, callbacks=(), ckpt_path=None, one_process_order=False,
-        configure_optimizers_early=False, **overrides):
+        configure_optimizers_early=False, stateless_optimizer=False, **overrides):
     torch.manual_seed(0)
     module = Net()
+    if stateless_optimizer:
+        module.configure_optimizers = lambda: plain_sgd(module)
     if configure_optimizers_early:  # the mistake of building the optimizer before the Trainer shards the module
         optimizer = torch.optim.Adam(module.parameters())
         module.configure_optimizers = lambda: optimizer
@@ -161,6 +170,15 @@ def strategies_job(out: Path) -> dict:
         trainer, module = fit(name, callbacks=checkpoints(folder), ckpt_path="last")
         report[f"{name}_resumed"] = full_weights(trainer, module)
         report[f"{name}_resumed_from"] = trainer.ckpt_path
+
+    # Plain SGD keeps no per-parameter state: resuming restores the groups' settings (the decayed LR).
+    folder = out / "ckpt_zero2_sgd"
+    trainer, module = fit("zero2", stateless_optimizer=True)
+    report["zero2_sgd_uninterrupted"] = full_weights(trainer, module)
+    fit("zero2", stateless_optimizer=True, callbacks=checkpoints(folder), max_steps=STOP_AT)
+    trainer, module = fit("zero2", stateless_optimizer=True, callbacks=checkpoints(folder), ckpt_path="last")
+    report["zero2_sgd_resumed"] = full_weights(trainer, module)
+    report["zero2_sgd_resumed_lr"] = trainer.optimizers[0].param_groups[0]["lr"]
 
     # A full checkpoint file (consolidated from the sharded folder) loaded into a sharded run.
     full_file = out / "consolidated_at_stop.ckpt"

@@ -10,6 +10,7 @@ import torch
 
 from ckpt_support import TinyRegressor, loaders, make_trainer
 from strategies.checkpoint_io import CheckpointError, atomic_link, atomic_save, safe_load
+from strategies.errors import ConfigurationError
 
 
 class Payload:
@@ -150,3 +151,24 @@ def test_atomic_link_points_last_at_the_newest_file(tmp_path: Path, symbolic: bo
         second.unlink()  # a hard link keeps the data when the top-k rotation deletes the original
         assert safe_load(last) == {"step": 2}
     assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in (first, second, last) if p.exists())
+
+
+def test_a_subclass_reloads_when_its_base_class_saved_the_hyperparameters(tmp_path: Path) -> None:
+    """The base's save_hyperparameters() records the base's arguments; the subclass takes others. Loading keeps
+    only the arguments the subclass's __init__ accepts (as Lightning does), so the checkpoint still reloads."""
+
+    class Wider(TinyRegressor):
+        def __init__(self, width: int = 7) -> None:
+            super().__init__(hidden=width, lr=0.2)
+
+    train, val = loaders()
+    trainer = make_trainer(tmp_path, max_epochs=1)
+    module = Wider(width=5)
+    trainer.fit(module, train, val)
+    path = tmp_path / "wider.ckpt"
+    trainer.save_checkpoint(path)
+    assert torch.load(path, weights_only=True)["hyper_parameters"] == {"hidden": 5, "lr": 0.2, "val_scores": None}
+    rebuilt = Wider.load_from_checkpoint(path, width=5)
+    assert all(torch.equal(a, b) for a, b in zip(module.state_dict().values(), rebuilt.state_dict().values()))
+    with pytest.raises(ConfigurationError, match="unexpected keyword argument 'depth'"):
+        Wider.load_from_checkpoint(path, depth=3)  # an override the class does not take is still an error

@@ -16,6 +16,7 @@ skips the finished batches without loading them) and the saved RNG is put back a
 from __future__ import annotations
 
 import glob
+import inspect
 import os
 import re
 from pathlib import Path
@@ -69,6 +70,9 @@ def load_module_from_checkpoint(
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"'{path}' is not a trainer checkpoint (no 'state_dict' entry).")
     hparams = dict(checkpoint.get("hyper_parameters") or {})
+    accepted = _init_argument_names(cls)
+    if accepted is not None:  # e.g. a base class's save_hyperparameters() recorded arguments this class does not take
+        hparams = {name: value for name, value in hparams.items() if name in accepted}
     hparams.update(overrides)
     try:
         module = cls(**hparams)
@@ -81,6 +85,14 @@ def load_module_from_checkpoint(
     check_state_dict(module, checkpoint["state_dict"], path, strict)
     module.on_load_checkpoint(checkpoint)
     return module
+
+
+def _init_argument_names(cls: type) -> Optional[set[str]]:
+    """The keyword arguments ``cls(...)`` takes, or None when its ``__init__`` takes ``**kwargs``."""
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
 
 
 class CheckpointConnector:

@@ -132,3 +132,23 @@ def test_outputs_of_training_step_reach_on_train_batch_end():
 
     quiet_trainer(max_epochs=1).fit(ReturnsDict(), loader(n=16, batch_size=8))
     assert seen == [0, 10]
+
+
+def test_a_returned_loss_reaches_on_train_batch_end_as_a_detached_dict():
+    """As in Lightning, callbacks read ``outputs["loss"]``; it holds no graph, so storing it keeps nothing alive."""
+    returned, seen = [], []
+
+    class Records(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            returned.append(loss.detach().clone())
+            return loss
+
+    class Reader(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append(outputs["loss"])
+
+    trainer = quiet_trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[Reader()])
+    trainer.fit(Records(), loader(n=24, batch_size=8))
+    assert len(seen) == 3 and all(value.grad_fn is None and not value.requires_grad for value in seen)
+    assert all(torch.equal(a, b) for a, b in zip(seen, returned))  # the step's loss, not divided by accumulation

@@ -80,6 +80,8 @@ class AutomaticOptimization:
         self.custom_clipping = overrides(module, TrainModule, "configure_gradient_clipping")
         self.window_has_loss = False
         self.loss_check = trainer._faults.guard  # records the loss on device; None skips the micro-batch
+        # on_train_batch_end gets {"loss": detached loss, **other keys} as in Lightning; built only if it is used.
+        self.report_outputs = hooks.caller(trainer, "on_train_batch_end") is not None
         self._before_step: Callable[[], None] = self._hooks_and_clipping
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
@@ -87,6 +89,8 @@ class AutomaticOptimization:
         with strategy.backward_sync(window_end):
             output = strategy.training_step(batch, batch_idx)
             loss = extract_loss(output)
+            if self.report_outputs and loss is not None:
+                output = {**output, "loss": loss.detach()} if isinstance(output, dict) else {"loss": loss.detach()}
             if loss is not None and self.loss_check is not None:
                 loss = self.loss_check(loss)
             if loss is not None:

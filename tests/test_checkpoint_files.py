@@ -69,10 +69,16 @@ def test_missing_path_is_printed(tmp_path: Path) -> None:
         make_trainer(tmp_path).fit(TinyRegressor(), train, val, ckpt_path=missing)
 
 
-def test_last_with_no_checkpoint_says_where_it_looked(tmp_path: Path) -> None:
+def test_last_with_no_checkpoint_warns_where_it_looked_and_starts_fresh(tmp_path: Path) -> None:
+    """Always passing ckpt_path="last" is the auto-resume idiom: the first run starts fresh, the next resumes."""
     train, val = loaders()
-    with pytest.raises(FileNotFoundError, match="no checkpoint exists yet; looked in: .*checkpoints"):
-        make_trainer(tmp_path).fit(TinyRegressor(), train, val, ckpt_path="last")
+    first = make_trainer(tmp_path, max_epochs=1)
+    with pytest.warns(UserWarning, match="no checkpoint exists yet; looked in: .*checkpoints.*current weights"):
+        first.fit(TinyRegressor(), train, val, ckpt_path="last")
+    assert first.global_step > 0 and first.ckpt_path is None
+    second = make_trainer(tmp_path, max_epochs=2)
+    second.fit(TinyRegressor(), train, val, ckpt_path="last")
+    assert second.ckpt_path is not None and second.global_step == 2 * first.global_step
 
 
 def test_checkpoint_from_a_different_model_lists_the_keys(tmp_path: Path) -> None:

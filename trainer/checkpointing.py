@@ -87,6 +87,10 @@ def load_module_from_checkpoint(
     return module
 
 
+class NoCheckpointYet(FileNotFoundError):
+    """``ckpt_path="last"`` found no checkpoint in the run's folders."""
+
+
 def _init_argument_names(cls: type) -> Optional[set[str]]:
     """The keyword arguments ``cls(...)`` takes, or None when its ``__init__`` takes ``**kwargs``."""
     parameters = inspect.signature(cls.__init__).parameters.values()
@@ -197,7 +201,7 @@ class CheckpointConnector:
                 for folder in earlier:
                     candidates.extend(p for p in glob.glob(os.path.join(folder, "*.ckpt")) if os.path.exists(p))
             if not candidates:
-                raise FileNotFoundError(
+                raise NoCheckpointYet(
                     f"ckpt_path='last' but no checkpoint exists yet; looked in: {', '.join(folders) or '(no folder)'}."
                 )
             # Newest first; on a tie (last.ckpt is a hard link to the checkpoint it mirrors) the "last" name wins.
@@ -222,14 +226,20 @@ class CheckpointConnector:
         return folders or [os.path.join(trainer.log_dir, "checkpoints")]
 
     # ------------------------------------------------------------------ restoring
-    def load(self, ckpt_path: Union[str, os.PathLike]) -> tuple[Path, dict[str, Any]]:
-        """Resolve and read a checkpoint (safely); check its format. Every rank loads the file rank 0 resolved."""
+    def load(self, ckpt_path: Union[str, os.PathLike]) -> Optional[tuple[Path, dict[str, Any]]]:
+        """Resolve and read a checkpoint (safely); check its format. Every rank loads the file rank 0 resolved.
+
+        ``None`` for ``"last"`` before any checkpoint exists (a warning says so), so that always passing
+        ``ckpt_path="last"`` starts fresh on the first run and resumes on the next, as in Lightning."""
         strategy = self.trainer.strategy
         try:
             found: tuple[Any, ...] = ("path", str(self.resolve(ckpt_path)))
         except (FileNotFoundError, ConfigurationError) as err:
             found = ("error", type(err), str(err))
         found = strategy.broadcast(found) if strategy.world_size > 1 else found
+        if found[0] == "error" and found[1] is NoCheckpointYet:
+            rank_zero_warn(f"{found[2]} Starting from the module's current weights.")
+            return None
         if found[0] == "error":
             raise found[1](found[2])
         path = Path(found[1])
@@ -246,7 +256,10 @@ class CheckpointConnector:
 
     def restore_weights(self, ckpt_path: Union[str, os.PathLike]) -> dict[str, Any]:
         """Load only the module weights (for validate/test/predict)."""
-        path, checkpoint = self.load(ckpt_path)
+        loaded = self.load(ckpt_path)
+        if loaded is None:
+            return {}
+        path, checkpoint = loaded
         self._load_module_state(checkpoint, path)
         self.trainer.ckpt_path = str(path)
         return checkpoint
@@ -256,7 +269,10 @@ class CheckpointConnector:
         progress, callbacks, datamodule and RNG."""
         trainer = self.trainer
         strategy = trainer.strategy
-        path, checkpoint = self.load(ckpt_path)
+        loaded = self.load(ckpt_path)
+        if loaded is None:
+            return
+        path, checkpoint = loaded
         self._load_module_state(checkpoint, path)
         if "optimizer_states" not in checkpoint:
             raise CheckpointError(

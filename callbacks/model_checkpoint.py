@@ -352,6 +352,8 @@ class ModelCheckpoint(Callback):
         are not this run's to rotate)."""
         as_tensor = _score_tensor
         saved_dir = state_dict.get("dirpath", self.dirpath)
+        if self.dirpath is None:  # not resolved here yet (e.g. a ddp_spawn caller taking rank 0's state back)
+            self.dirpath = saved_dir
         if saved_dir == self.dirpath:
             self.best_model_score = as_tensor(state_dict.get("best_model_score"))
             self.current_score = as_tensor(state_dict.get("current_score"))

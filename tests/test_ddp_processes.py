@@ -223,6 +223,8 @@ def test_ddp_spawn_hands_rank_zero_state_back_to_the_caller(jobs):
     assert caller["global_step"] == 8 and caller["rank_value"] == pytest.approx(0.5)  # adopted from rank 0
     assert_same_weights(caller["weights"], caller["reference"])  # the caller's module holds the trained weights
     assert caller["val_loss_in_fit"] == pytest.approx(caller["val_loss_one_process"], rel=1e-5)
+    assert len(caller["best_k_models"]) == 2 and all(os.path.exists(p) for p in caller["best_k_models"])
+    assert not [w for w in caller["fit_warnings"] if "ModelCheckpoint" in w], caller["fit_warnings"]
 
 
 # ---------------------------------------------------------------------------------------------- failures

@@ -9,6 +9,7 @@ import argparse
 import faulthandler
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -166,7 +167,15 @@ def main() -> None:
 
         strategy = DDPStrategy(find_unused_parameters=True, gradient_as_bucket_view=True, timeout=60)
     probe = WrapperProbe()
-    trainer, model = fit(args, args.shuffle, strategy, val=args.fit_val, fail=not args.fail_later, callbacks=[probe])
+    callbacks: list = [probe]
+    if args.fit_val:  # also keep the best checkpoint by val_loss (its bookkeeping must reach a ddp_spawn caller)
+        from callbacks import ModelCheckpoint
+
+        callbacks.append(ModelCheckpoint(monitor="val_loss", save_top_k=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer, model = fit(args, args.shuffle, strategy, val=args.fit_val, fail=not args.fail_later,
+                             callbacks=callbacks, enable_checkpointing=args.fit_val)  # fmt: skip
     report = {
         "world_size": trainer.world_size,
         "global_rank": trainer.global_rank,
@@ -184,6 +193,8 @@ def main() -> None:
         fit(args, shuffle=False, fail=True)
     if args.fit_val:
         report["val_loss_in_fit"] = float(trainer.callback_metrics["val_loss"])
+        report["best_k_models"] = sorted(trainer.checkpoint_callback.best_k_models)
+        report["fit_warnings"] = [str(w.message) for w in caught]
     if args.validate:
         report["validate"] = trainer.validate(model, DataLoader(Indexed(N_VAL, seed=2), batch_size=2), verbose=False)
     report["val_loss_one_process"] = one_process_val_loss(model)

@@ -10,6 +10,12 @@ from typing import Any, Callable, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("trainer")
+# INFO messages (seed set, early stopping, interrupted runs) show by default, as Lightning's do; an application
+# that configures logging itself (a root handler) gets them through its own handlers instead.
+log.setLevel(logging.INFO)
+if not logging.getLogger().hasHandlers():
+    log.addHandler(logging.StreamHandler())
+    log.propagate = False
 
 _RANK_ENV_VARS = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "JSM_NAMESPACE_RANK")
 

@@ -1,6 +1,9 @@
 """``self.log`` in every mode: step/epoch defaults, weighting, reduce_fx, torchmetrics, prog_bar, loggers."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torchmetrics
@@ -170,3 +173,11 @@ def test_invalid_log_calls(value, message):
 def test_log_outside_a_trainer_warns_and_is_ignored():
     with pytest.warns(UserWarning, match="not run by a Trainer"):
         Regressor().log("x", 1.0)
+
+
+def test_rank_zero_info_messages_show_by_default_in_a_plain_script():
+    """A fresh interpreter with no logging set up: INFO messages reach stderr, as Lightning's do."""
+    code = "from trainer import rank_zero_info, seed_everything; rank_zero_info('hello %s', 'there'); seed_everything(7)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["hello there", "Seed set to 7"]

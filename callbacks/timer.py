@@ -73,6 +73,14 @@ class Timer(Callback):
         self._last_step = -1
 
     # ------------------------------------------------------------------ queries
+    def start_time(self, stage: str = "train") -> Optional[float]:
+        """When ``stage`` last started (``time.monotonic()`` seconds), or ``None`` if it has not."""
+        return self._start.get(stage)
+
+    def end_time(self, stage: str = "train") -> Optional[float]:
+        """When ``stage`` last ended (``time.monotonic()`` seconds), or ``None`` while it runs or before."""
+        return self._end.get(stage)
+
     def time_elapsed(self, stage: str = "train") -> float:
         """Seconds spent in ``stage`` ("train", "validate", "test"); training includes resumed runs."""
         start = self._start.get(stage)

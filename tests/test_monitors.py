@@ -183,6 +183,8 @@ def test_timer_stops_saves_a_checkpoint_and_the_budget_spans_a_resume(tmp_path, 
     assert path == os.path.join(tmp_path, "logs", "version_0", "checkpoints",
                                 f"timer-epoch={checkpoint['epoch']}-step={stopped_at}.ckpt")  # fmt: skip
     assert checkpoint["callbacks"]["Timer"]["time_elapsed"]["train"] >= 0.15
+    assert timer.end_time("train") - timer.start_time("train") == pytest.approx(timer.time_elapsed("train"))
+    assert timer.start_time("test") is None and timer.end_time("test") is None
 
     resumed = Timer(duration=0.15)
     again = quiet_trainer(tmp_path, max_epochs=50, callbacks=[resumed])

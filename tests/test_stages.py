@@ -191,6 +191,25 @@ def test_when_validation_runs(options, expected):
     assert counter.at == expected
 
 
+def test_validation_data_without_validation_step_warns_that_it_is_skipped():
+    class NoValidation(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = quiet_trainer(max_epochs=1)
+    with pytest.warns(UserWarning, match="NoValidation has no validation_step: validation is skipped"):
+        trainer.fit(NoValidation(), loader(n=16), loader(n=8))
+    assert trainer.global_step == 2 and not trainer.callback_metrics
+
+
 def test_sanity_check_runs_without_changing_training():
     def run(sanity: int) -> dict:
         seed_everything(7)

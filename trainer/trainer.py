@@ -16,6 +16,7 @@ from callbacks.callback import Callback
 from loggers.logger import Logger
 from strategies.connector import build_strategy
 from strategies.errors import ConfigurationError
+from strategies.rank import rank_zero_warn
 from strategies.strategy import Strategy
 from trainer import data as data_utils
 from trainer import slurm_requeue
@@ -357,6 +358,9 @@ class Trainer:
             self._val_dataloaders = self._prepare_loaders(loaders, "val_dataloaders", training=False)
             self._val_batch_limits = [data_utils.limited_batches(dl, self.limit_val_batches, "limit_val_batches")
                                       for dl in self._val_dataloaders]  # fmt: skip
+        elif val is not None and not overrides(model, TrainModule, "validation_step"):
+            rank_zero_warn(f"fit() got val_dataloaders, but {type(model).__name__} has no validation_step: "
+                           "validation is skipped. Implement validation_step to validate during fit.")  # fmt: skip
         self._val_enabled = any(limit > 0 for limit in self._val_batch_limits)
 
     def _eval_loaders(self, loaders: Any, datamodule: Optional[DataModule], model: TrainModule,

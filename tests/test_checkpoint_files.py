@@ -101,6 +101,8 @@ def test_checkpoint_from_a_different_model_lists_the_keys(tmp_path: Path) -> Non
         make_trainer(tmp_path).fit(Other(), train, val, ckpt_path=path)
     with pytest.raises(CheckpointError, match="size mismatch"):
         TinyRegressor.load_from_checkpoint(path, hidden=5)
+    with pytest.raises(CheckpointError, match="(?s)does not fit TinyRegressor: .*size mismatch"):
+        make_trainer(tmp_path).fit(TinyRegressor(hidden=5), train, val, ckpt_path=path)
 
 
 def test_full_checkpoint_contents_load_with_weights_only(tmp_path: Path) -> None:

@@ -341,7 +341,12 @@ class CheckpointConnector:
         found = set(checkpoint["state_dict"].keys())
         if expected != found:
             check_state_dict(module, checkpoint["state_dict"], path)
-        self.trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+        try:
+            self.trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+        except RuntimeError as err:
+            if "state_dict" not in str(err):  # not torch's "Error(s) in loading state_dict" (e.g. size mismatch)
+                raise
+            raise CheckpointError(f"Checkpoint '{path}' does not fit {type(module).__name__}: {err}") from None
 
     # ------------------------------------------------------------------ data position
     def train_iterator(self, loader: Any, epoch: int, start_batch: int) -> Iterator[Any]:

@@ -134,7 +134,8 @@ class BatchSizeFinder(Callback):
                 f"BatchSizeFinder on {device.type}: pass max_memory_mb=... (the activation memory a batch may use); "
                 "only CUDA reports running out of memory safely."
             )
-        limit = self.max_val or _dataset_length(loader)
+        length = _dataset_length(loader)
+        limit = min(self.max_val, length) if self.max_val and length else (self.max_val or length)
         trials = TrialSteps(trainer, module)
         self.trials = {}
         try:

@@ -26,6 +26,7 @@ class FitReport(Callback):
         self._fit_start = 0.0
         self._train_start: Optional[float] = None
         self._train_end: Optional[float] = None
+        self._steps_at_train_start = 0  # a resumed fit starts at the checkpoint's step
 
     def on_fit_start(self, trainer: Any, module: Any) -> None:
         self._fit_start = time.monotonic()
@@ -33,6 +34,7 @@ class FitReport(Callback):
 
     def on_train_start(self, trainer: Any, module: Any) -> None:
         self._train_start = time.monotonic()
+        self._steps_at_train_start = trainer.global_step
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
         self._train_end = time.monotonic()
@@ -46,17 +48,24 @@ class FitReport(Callback):
 
         table = Table(title="Fit report", title_justify="left", show_header=False, box=None, padding=(0, 2))
         table.add_column(style="bold")
-        table.add_column()
+        table.add_column(overflow="fold")
         for label, value in self.rows:
             table.add_row(label, value)
-        (self.console if self.console is not None else Console()).print(table)
+        console = self.console if self.console is not None else Console()
+        if not console.is_terminal:  # a log file: widen so paths stay whole and can be copied into ckpt_path=
+            widest = max(len(label) for label, _ in self.rows) + max(len(value) for _, value in self.rows)
+            console.width = max(console.width, widest + 10)  # + the table's padding
+        console.print(table)
 
     def collect(self, trainer: Any) -> list[tuple[str, str]]:
         """The report's ``(label, value)`` rows."""
         now = time.monotonic()
+        steps = trainer.global_step - self._steps_at_train_start  # run in this fit, not restored
+        start = self._steps_at_train_start
+        resumed = f" ({steps} in this run, resumed at step {start})" if start else ""
         rows = [("Duration", _clock(now - self._fit_start)),
                 ("Epochs / steps", f"{_plural(trainer.current_epoch, 'epoch')}, "
-                                   f"{_plural(trainer.global_step, 'optimizer step')}")]  # fmt: skip
+                                   f"{_plural(trainer.global_step, 'optimizer step')}{resumed}")]  # fmt: skip
         monitor = next((cb for cb in trainer.callbacks if isinstance(cb, ThroughputMonitor)), None)
         totals = monitor.totals() if monitor is not None else {}
         if totals:
@@ -66,7 +75,7 @@ class FitReport(Callback):
         else:
             train_time = (self._train_end or now) - (self._train_start or now)
             if train_time > 0:
-                rate = f"{trainer.global_step / train_time:,.2f} optimizer steps/s (incl. validation)"
+                rate = f"{steps / train_time:,.2f} optimizer steps/s (incl. validation)"
                 rows.append(("Throughput", rate))
             rows.append(("Data wait", "not measured (add callbacks.ThroughputMonitor())"))
         memory = []

@@ -92,6 +92,12 @@ def test_batch_size_finder_rebuilds_a_loader_passed_to_fit_and_keeps_shuffling(t
     assert probe.lr == 0.01  # scale_lr is off by default
 
 
+def test_batch_size_finder_never_exceeds_the_dataset(tmp_path):
+    for finder in (BatchSizeFinder(max_memory_mb=100), BatchSizeFinder(max_memory_mb=100, max_val=4096)):
+        quiet_trainer(tmp_path, callbacks=[finder], max_steps=0).fit(Classifier())
+        assert finder.optimal_batch_size == 300  # Classifier's 300 samples; a larger batch is one short epoch
+
+
 def test_batch_size_finder_needs_a_budget_on_cpu_and_says_when_nothing_fits(tmp_path):
     with pytest.raises(ConfigurationError, match="max_memory_mb"):
         quiet_trainer(tmp_path, callbacks=[BatchSizeFinder()]).fit(Classifier())

@@ -9,7 +9,7 @@ from rich.console import Console
 from torch import nn
 from ui_fixtures import TinyModule, loader, quiet_trainer
 
-from callbacks import Callback, FitReport, ModelSummary, RichProgressBar, ThroughputMonitor
+from callbacks import Callback, FitReport, ModelCheckpoint, ModelSummary, RichProgressBar, ThroughputMonitor
 from callbacks.model_summary import summarize
 from trainer import Trainer
 
@@ -142,6 +142,24 @@ def test_fit_report_lists_time_steps_throughput_memory_best_checkpoint_and_skipp
     assert rows["Best checkpoint"] == "/runs/best-epoch=1.ckpt (val_loss=0.125)"
     assert rows["Skipped fp16 steps"] == "0"
     assert "Fit report" in buffer.getvalue() and "val_loss=0.125" in buffer.getvalue()
+
+
+def test_fit_report_of_a_resumed_fit_counts_only_this_runs_steps_and_keeps_paths_whole(tmp_path):
+    first = quiet_trainer(tmp_path, max_epochs=2)
+    first.fit(TinyModule(), loader(64, 8))
+    path = tmp_path / "a-checkpoint-with-a-rather-long-name-so-that-it-does-not-fit-in-forty-columns.ckpt"
+    first.save_checkpoint(path)
+    buffer = io.StringIO()
+    report = FitReport(console=Console(file=buffer, width=40))  # a log file, not a terminal
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor=None)
+    resumed = quiet_trainer(tmp_path, callbacks=[report, checkpoint], enable_checkpointing=True, max_epochs=3)
+    resumed.fit(TinyModule(), loader(64, 8), ckpt_path=path)
+    rows = dict(report.rows)
+    assert rows["Epochs / steps"] == "3 epochs, 24 optimizer steps (8 in this run, resumed at step 16)"
+    steps_per_second = float(rows["Throughput"].split()[0].replace(",", ""))
+    assert 0 < steps_per_second < 1e5  # 8 steps over this run's time, not 24
+    best = rows["Best checkpoint"]
+    assert best.endswith("epoch=2-step=24.ckpt") and best in buffer.getvalue(), (best, buffer.getvalue())  # unbroken
 
 
 def test_defaults_are_added_once_and_user_instances_replace_them(tmp_path):

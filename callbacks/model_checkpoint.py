@@ -283,7 +283,11 @@ class ModelCheckpoint(Callback):
     # ------------------------------------------------------------------ names
     def _monitor_candidates(self, trainer: Any) -> dict[str, Any]:
         metrics = dict(trainer.callback_metrics)
-        metrics["epoch"] = trainer.current_epoch
+        epoch = trainer.current_epoch
+        progress = getattr(getattr(trainer, "fit_loop", None), "progress", None)
+        if progress is not None and progress.batch_in_epoch == 0 and epoch > 0:
+            epoch -= 1  # between epochs (at train end): name the file after the epoch that was trained last
+        metrics["epoch"] = epoch
         metrics["step"] = trainer.global_step
         return metrics
 

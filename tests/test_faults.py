@@ -135,6 +135,23 @@ def test_nonfinite_loss_raise_and_skip(tmp_path: Path) -> None:
     assert not torch.isfinite(ignored.net[0].weight).all()
 
 
+def test_a_stop_signal_ends_a_fit_whose_every_batch_is_skipped(tmp_path: Path) -> None:
+    """No optimizer step ever completes (every loss is nan, on_nonfinite_loss='skip'): SIGTERM still saves and exits
+    at the end of the accumulation window instead of waiting for a step that never comes."""
+
+    class AlwaysNaN(SignalAt):
+        def training_step(self, batch, batch_idx):
+            return super().training_step(batch, batch_idx) * float("nan")
+
+    train, val = loaders()
+    trainer = make_trainer(tmp_path, max_steps=2, max_epochs=-1, accumulate_grad_batches=2, on_nonfinite_loss="skip")
+    with pytest.warns(UserWarning, match="Skipping a micro-batch"), pytest.raises(SystemExit) as info:
+        trainer.fit(AlwaysNaN(signal.SIGTERM, at=6), train, val)
+    assert info.value.code == 0 and trainer.global_step == 0
+    saved = torch.load(tmp_path / "checkpoints" / "interrupted.ckpt", weights_only=True)
+    assert saved["loops"]["fit"]["total_batches"] == 8  # the signal's window (micro-batches 6 and 7) was finished
+
+
 FRAMEWORK = tuple(str(Path(__file__).parents[1] / package) for package in ("trainer", "strategies", "callbacks"))
 
 

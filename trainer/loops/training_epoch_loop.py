@@ -106,7 +106,9 @@ class TrainingEpochLoop:
 
             if stepped and progress.batches_that_stepped % log_every == 0:
                 trainer._metrics.log_step()
-            if stepped and progress.global_step >= faults.due_step:
+            # At a step boundary; for a signal in a single process (due_step 0) also at the end of a window that
+            # did not step, so a run whose batches are all skipped still stops on SIGTERM.
+            if progress.global_step >= faults.due_step and (stepped or (window_end and not faults.due_step)):
                 faults.check()  # before validation: a checkpoint saved here resumes with validation pending
             if progress.val_pending:
                 trainer._run_validation_in_fit()

@@ -35,6 +35,7 @@ class RunFolder:
         self.save_dir = os.fspath(save_dir)
         self.name = name or ""
         self._version = version
+        self._siblings: list["RunFolder"] = [self]  # folders of one run's loggers that share the version
 
     @property
     def root(self) -> str:
@@ -45,7 +46,10 @@ class RunFolder:
     def version(self) -> Union[int, str]:
         """The version given, or the next free ``version_N`` number under :attr:`root`."""
         if self._version is None:
-            self._version = next_version(self.root)
+            version = next_version(self.root)
+            for folder in self._siblings:
+                if folder._version is None:
+                    folder._version = version
         return self._version
 
     @property
@@ -64,6 +68,20 @@ class RunFolder:
         if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
             os.makedirs(path, exist_ok=True)
         return path
+
+
+def share_versions(loggers: list[Logger]) -> None:
+    """Loggers of one Trainer writing under the same ``save_dir/name`` without a version get the same
+    ``version_N`` (the first to resolve picks it for all), instead of the second seeing the first's folder
+    and taking the next number."""
+    groups: dict[str, list[RunFolder]] = {}
+    for logger in loggers:
+        folder = getattr(logger, "_folder", None)
+        if isinstance(folder, RunFolder) and folder._version is None:
+            groups.setdefault(os.path.realpath(folder.root), []).append(folder)
+    for folders in groups.values():
+        for folder in folders:
+            folder._siblings = folders
 
 
 class FolderLogger(Logger):

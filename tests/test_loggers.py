@@ -103,6 +103,15 @@ def test_each_run_gets_the_next_version_folder_and_logger_true_means_tensorboard
     assert TensorBoardLogger(tmp_path, name="", version="exp-a").log_dir == os.path.join(tmp_path, "exp-a")
 
 
+def test_two_loggers_of_one_run_under_one_name_share_its_version_folder(tmp_path):
+    (tmp_path / "exp" / "version_0").mkdir(parents=True)  # an earlier run
+    tb, csv_logger = TensorBoardLogger(tmp_path, name="exp"), CSVLogger(tmp_path, name="exp")
+    quiet_trainer(tmp_path, logger=[tb, csv_logger]).fit(TinyModule(), loader(), loader())
+    assert tb.log_dir == csv_logger.log_dir == os.path.join(tmp_path, "exp", "version_1")
+    assert sorted(os.listdir(tmp_path / "exp")) == ["version_0", "version_1"]
+    assert glob.glob(os.path.join(tb.log_dir, "events.out.tfevents.*")) and os.path.exists(csv_logger.metrics_file_path)
+
+
 def test_without_tensorboard_the_default_logger_is_csv(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -117,6 +117,9 @@ def build_loggers(logger: Any, root_dir: str, fast_dev_run: int) -> list[Logger]
                 f"logger={item!r} is not a Logger. Pass True (default TensorBoard logger), False, a "
                 "loggers.Logger instance or a list of them."
             )
+    from loggers.run_folder import share_versions
+
+    share_versions(loggers)
     return loggers
 
 

@@ -5,7 +5,7 @@ Shows gradient accumulation, bf16 autocast, checkpoint/resume and sharded traini
     python examples/char_lm.py                                   # well under a minute on a laptop CPU
     python examples/char_lm.py --precision bf16-mixed --accumulate 4
     python examples/char_lm.py --devices 2 --strategy fsdp       # parameters sharded over 2 processes
-    python examples/char_lm.py --max-steps 400 --resume          # continue the last run exactly
+    python examples/char_lm.py --max-steps 600 --resume          # continue the last run exactly, to step 600
 
 The corpus is every Markdown file of the repository (README and docs/), so nothing is downloaded.
 """

@@ -28,6 +28,17 @@ def loader_from(explicit: Any, datamodule: Any, module: Any, source: str) -> Any
     return getattr(owner, source)()
 
 
+def fit_train_loader(explicit: Any, datamodule: Any, module: Any) -> Any:
+    """The training loader(s) for ``fit``: as :func:`loader_from`, but having none is an error."""
+    loader = loader_from(explicit, datamodule, module, "train_dataloader")
+    if loader is None:
+        raise ConfigurationError(
+            "fit() has no training data: pass train_dataloaders=..., a datamodule with train_dataloader(), "
+            "or implement train_dataloader() on the module."
+        )
+    return loader
+
+
 def check_iterable(loader: Any, argument: str) -> None:
     """Raise a clear error when something that cannot yield batches is passed as data."""
     if not hasattr(loader, "__iter__"):

@@ -345,13 +345,7 @@ class Trainer:
         return self.callbacks
 
     def _setup_fit_data(self, model: TrainModule, train: Any, val: Any, datamodule: Optional[DataModule]) -> None:
-        train = data_utils.loader_from(train, datamodule, model, "train_dataloader")
-        if train is None:
-            raise ConfigurationError(
-                "fit() has no training data: pass train_dataloaders=..., a datamodule with train_dataloader(), "
-                "or implement train_dataloader() on the module."
-            )
-        self._set_train_dataloader(train, "train_dataloaders")
+        self._set_train_dataloader(data_utils.fit_train_loader(train, datamodule, model), "train_dataloaders")
         self._val_dataloaders, self._val_batch_limits = [], []
         if overrides(model, TrainModule, "validation_step") and self.limit_val_batches != 0:
             loaders = data_utils.as_loader_list(data_utils.loader_from(val, datamodule, model, "val_dataloader"))

@@ -26,7 +26,7 @@ import torch
 
 from strategies.checkpoint_io import CheckpointError, safe_load
 from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_warn
+from strategies.rank import rank_zero_info, rank_zero_warn
 from trainer.data_position import TrainDataPosition
 from trainer.seed import capture_rng_state, restore_rng_state
 
@@ -309,6 +309,10 @@ class CheckpointConnector:
         trainer._call_hook("on_load_checkpoint", checkpoint)
         trainer.ckpt_path = self.last_saved_path = str(path)
         self._resume = {"rng": checkpoint.get("rng"), "train_sampler": checkpoint.get("train_sampler")}
+        if trainer.fit_loop.done:
+            rank_zero_info("Nothing to train: the checkpoint '%s' is already at epoch %d, step %d (max_epochs=%d, "
+                           "max_steps=%d). Raise them to train further.", path, progress.epoch,
+                           progress.global_step, trainer.max_epochs, trainer.max_steps)  # fmt: skip
 
     def _restore_accumulated_grads(self, saved: Optional[dict[str, Any]], path: Any) -> None:
         if not saved:

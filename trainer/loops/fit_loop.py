@@ -59,7 +59,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from strategies.rank import rank_zero_info
 from trainer.loops.progress import Progress
 from trainer.optimizers import step_schedulers
 
@@ -91,10 +90,6 @@ class FitLoop:
         progress = self.progress
         trainer._call_hook("on_train_start")
         trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
-        if self.done and trainer.ckpt_path is not None:
-            rank_zero_info("Nothing to train: the checkpoint '%s' is already at epoch %d, step %d (max_epochs=%d, "
-                           "max_steps=%d). Raise them to train further.", trainer.ckpt_path, progress.epoch,
-                           progress.global_step, trainer.max_epochs, trainer.max_steps)  # fmt: skip
         while not self.done:
             loader = trainer._train_dataloader
             num_batches = trainer.num_training_batches

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
 import os
 import sys
 from typing import Any, Optional, Union
@@ -231,14 +232,17 @@ class ParallelStrategy(Strategy):
         A gloo group left to interpreter finalization can abort the process ("terminate called without an
         active exception", pytorch#190489): its worker threads still hold tensors when the interpreter goes.
         So it is destroyed whenever this process owns it, also in scripts (the Engine's) whose last stage
-        never reached ``teardown``. Only the barrier depends on a clean end: after a failure a peer may be
-        gone and meeting it could block. An NCCL group after a failure is left to the launcher, as destroying
-        communicators with a peer gone can block too.
+        never reached ``teardown``, and so is every object still holding it. Only the barrier depends on a
+        clean end: after a failure a peer may be gone and meeting it could block. An NCCL group after a
+        failure is left to the launcher, as destroying communicators with a peer gone can block too.
         """
         if not (self._owns_process_group and _distributed_ready()):
             self._owns_process_group = False
             return
         self._owns_process_group = False
+        # Wrappers that hold the group (a DDP reducer) can outlive their stage in reference cycles; collected
+        # only at interpreter finalization, they would destroy the gloo group there and abort the same way.
+        gc.collect()
         ended_cleanly = ParallelStrategy._last_stage_clean and getattr(sys, "last_value", None) is None
         if ended_cleanly:
             # Meet first: a rank that closes its connections while a peer is still finishing the last

@@ -71,7 +71,7 @@ def test_sharded_strategies_train_like_ddp(ranks, name):
         assert_same_weights(rank[name]["weights"], rank["ddp"]["weights"], atol=1e-5)
         assert rank[name]["val_loss"] == pytest.approx(rank["ddp"]["val_loss"], rel=1e-5)
     assert_equal(ranks[0][name]["weights"], ranks[1][name]["weights"])
-    expected = "ZeroRedundancyOptimizer" if name == "zero1" else "Adam"
+    expected = "ShardedOptimizer" if name == "zero1" else "Adam"
     assert ranks[0][name]["optimizer"] == expected
 
 
@@ -95,6 +95,27 @@ def test_each_rank_holds_about_half_of_the_optimizer_state(ranks, name):
     for rank in ranks:
         params = rank[name]["bytes"]["parameters"] / rank["ddp"]["bytes"]["parameters"]
         assert params == 1.0 if name == "zero1" else 0.4 <= params <= 0.6  # ZeRO-1 keeps parameters whole
+
+
+def test_zero1_gives_every_rank_an_even_share_of_the_optimizer_state(ranks):
+    # 8 -> 256 -> 256 -> 4 with Adam: whole-parameter partitions (ZeroRedundancyOptimizer) left one rank 95%.
+    total = ranks[0]["ddp_wide"]["bytes"]["optimizer_state"]
+    assert total == 69_124 * 8 + 6 * 4  # two float32 moments per parameter, one float32 step per tensor
+    for rank in ranks:
+        share = rank["zero1_wide"]["bytes"]["optimizer_state"] / (total / 2)
+        assert 0.9 <= share <= 1.1, share
+        assert rank["zero1_wide"]["bytes"]["parameters"] == rank["ddp_wide"]["bytes"]["parameters"]
+        assert_same_weights(rank["zero1_wide"]["weights"], rank["ddp_wide"]["weights"], atol=1e-6)
+
+
+def test_memory_planner_equals_zero1_shares_on_the_wide_model(ranks):
+    from trainer.memory import estimate
+
+    plan = estimate(sharded_train.WideMLP(), strategy="zero1", world_size=2, optimizer="adam")
+    for planned, rank in zip(plan.devices, ranks):
+        measured = rank["zero1_wide"]["bytes"]
+        assert (planned.parameters, planned.gradients, planned.optimizer_state) == (
+            measured["parameters"], measured["gradients"], measured["optimizer_state"])  # fmt: skip
 
 
 @pytest.mark.parametrize("name", STRATEGIES)

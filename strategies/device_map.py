@@ -82,10 +82,13 @@ def plan_device_map(
     devices: Sequence[Any],
     max_memory: Budget = None,
     no_split: tuple[type, ...] = (),
+    tied_copies: bool = False,
 ) -> dict[str, Any]:
     """``device_map="auto"``: fill ``devices`` in order with about equal shares of the module's bytes.
 
     ``max_memory`` caps the parameter and buffer bytes per device (an int or ``"20GB"`` for all, or a list).
+    ``tied_copies``: count a shared tensor in every module that holds it and leave each module where the walk
+    puts it (pipeline stages, which keep a copy each) instead of once, with its first owner (one process).
     Returns ``{module name: device}`` with entries in execution order.
     """
     count = len(devices)
@@ -95,7 +98,7 @@ def plan_device_map(
     sizes: dict[str, int] = {}
     seen: set[int] = set()
     for name, sub in module.named_modules():
-        sizes[name] = own_bytes(sub, seen)
+        sizes[name] = own_bytes(sub, set() if tied_copies else seen)
     total = {name: sum(size for other, size in sizes.items() if _within(other, name)) for name in sizes}
     plan: dict[str, Any] = {}
     used = [0] * count
@@ -127,7 +130,8 @@ def plan_device_map(
         plan[name] = devices[index]
         used[index] += size
         remaining -= size
-    _place_tied(module, plan)
+    if not tied_copies:
+        _place_tied(module, plan)
     return plan
 
 

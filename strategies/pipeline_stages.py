@@ -23,8 +23,9 @@ from strategies.errors import ConfigurationError
 
 
 def auto_boundaries(module: nn.Module, stages: int, no_split: tuple[type, ...] = ()) -> list[str]:
-    """Boundaries of ``stages`` stages balanced by parameter and buffer bytes, never inside a ``no_split`` class."""
-    plan = plan_device_map(module, list(range(stages)), no_split=no_split)
+    """Boundaries of ``stages`` stages balanced by parameter and buffer bytes (a tied weight counted on each
+    stage that holds a copy), never inside a ``no_split`` class."""
+    plan = plan_device_map(module, list(range(stages)), no_split=no_split, tied_copies=True)
     firsts: dict[int, str] = {}
     for name, stage in plan.items():
         firsts.setdefault(stage, name)

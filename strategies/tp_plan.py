@@ -124,6 +124,16 @@ def tp_shard_dims(module: nn.Module, resolved: dict[str, Any]) -> dict[str, Opti
     return dims
 
 
+def replicated_gradients(module: nn.Module, resolved: dict[str, Any]) -> set[str]:
+    """Parameter names whose gradient torch materialises whole on every tensor-parallel rank although the
+    parameter is sharded: the weight of a ``RowwiseParallel`` ``nn.Embedding`` (its backward returns a
+    ``Replicate()`` gradient in this torch version; FSDP's reduce-scatter shards it again)."""
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    return {f"{prefix}.weight" if prefix else "weight" for prefix, style in resolved.items()
+            if isinstance(style, RowwiseParallel) and isinstance(module.get_submodule(prefix), nn.Embedding)}  # fmt: skip
+
+
 def _check_tied(module: nn.Module, dims: dict[str, Optional[int]]) -> None:
     first: dict[int, str] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
@@ -142,14 +152,14 @@ def _check_tied(module: nn.Module, dims: dict[str, Optional[int]]) -> None:
 # ---------------------------------------------------------------------------------------------- built-in plan
 def block_modules(module: nn.Module, block_classes: Iterable[type] = ()) -> list[tuple[str, nn.Module]]:
     """The transformer blocks: instances of ``block_classes``, or (none given) the children of the largest
-    ``nn.ModuleList`` whose children are all of one class."""
+    ``nn.ModuleList`` or ``nn.ModuleDict`` whose children are all of one class."""
     classes = tuple(block_classes)
     if classes:
         return [(n, m) for n, m in module.named_modules() if isinstance(m, classes)]
     best: list[tuple[str, nn.Module]] = []
     for name, sub in module.named_modules():
         children = list(sub.named_children())
-        if isinstance(sub, nn.ModuleList) and len(children) > max(1, len(best)):
+        if isinstance(sub, (nn.ModuleList, nn.ModuleDict)) and len(children) > max(1, len(best)):
             if len({type(c) for _, c in children}) == 1:
                 best = [(f"{name}.{n}" if name else n, c) for n, c in children]
     return best
@@ -158,16 +168,18 @@ def block_modules(module: nn.Module, block_classes: Iterable[type] = ()) -> list
 def megatron_plan(module: nn.Module, block_classes: Iterable[type] = ()) -> dict[str, Any]:
     """Megatron-LM's tensor-parallel split as a ``parallelize_module`` plan.
 
-    In each block (``block_classes``, or found as the children of the largest ``nn.ModuleList``), with ``d``
+    In each block (``block_classes``, or found as the children of the largest ``nn.ModuleList``/``ModuleDict``), with ``d``
     the width its first Linear reads: a Linear widening ``d`` (q/k/v, fused qkv, the MLP's up and gate
     projections) is ``ColwiseParallel()``, one narrowing back to ``d`` (the MLP's down projection) is
     ``RowwiseParallel()``; a square ``d -> d`` Linear is rowwise when it is the last Linear of its submodule
     (the attention output projection), colwise otherwise. Outside the blocks, the Linear with the most outputs
-    (the head) is ``ColwiseParallel()`` (its logits stay sharded: compute the loss under
-    ``torch.distributed.tensor.parallel.loss_parallel()``), and an Embedding tied to it or as large as its
-    vocabulary is ``RowwiseParallel()``. Norms, position embeddings and everything else stay replicated.
-    Blocks in a ``ModuleList`` give wildcard keys (``"transformer.h.*.attn.c_attn"``).
+    (the head) is ``ColwiseParallel(use_local_output=False)`` (its logits stay a vocabulary-sharded DTensor:
+    compute the loss under ``torch.distributed.tensor.parallel.loss_parallel()``), and an Embedding tied to it
+    or as large as its vocabulary is ``RowwiseParallel(input_layouts=Replicate())`` (every rank gets all token
+    ids). Norms, position embeddings and everything else stay replicated. The blocks of one list give
+    wildcard keys (``"transformer.h.*.attn.c_attn"``).
     """
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     blocks = block_modules(module, block_classes)
@@ -180,7 +192,7 @@ def megatron_plan(module: nn.Module, block_classes: Iterable[type] = ()) -> dict
     in_blocks: set[int] = set()
     for block_name, block in blocks:
         for rel, style in _block_plan(block).items():
-            plan[_pattern(block_name, blocks) + "." + rel] = style
+            plan[_pattern(module, block_name, blocks) + "." + rel] = style
         in_blocks.update(id(m) for m in block.modules())
     outside = [(n, m) for n, m in module.named_modules() if id(m) not in in_blocks]
     linears = [(n, m) for n, m in outside if isinstance(m, nn.Linear)]
@@ -189,11 +201,35 @@ def megatron_plan(module: nn.Module, block_classes: Iterable[type] = ()) -> dict
     if head is not None:
         for name, sub in outside:
             if isinstance(sub, nn.Embedding) and (sub.weight is head[1].weight or sub.num_embeddings == head[1].out_features):
-                entries[name] = RowwiseParallel()
+                entries[name] = RowwiseParallel(input_layouts=Replicate())
     entries.update(plan)
     if head is not None:
-        entries[head[0]] = ColwiseParallel()
+        entries[head[0]] = ColwiseParallel(use_local_output=False)
     return entries
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """The plan as Python source (one ``key: Style(...)`` line each, only the arguments that differ from the
+    style's defaults), to paste into a ``parallelize_module`` call."""
+    return "\n".join(f"{key!r}: {describe_style(style)}," for key, style in plan.items())
+
+
+def describe_style(style: Any) -> str:
+    """``RowwiseParallel(input_layouts=Replicate())``: the constructor call that makes ``style``."""
+    default = type(style)()
+    shown = []
+    for attr, arg in (("input_layouts", "input_layouts"), ("output_layouts", "output_layouts"),
+                      ("use_local_output", "use_local_output")):  # fmt: skip
+        value, usual = getattr(style, attr, None), getattr(default, attr, None)
+        if value != usual:
+            value = value[0] if isinstance(value, tuple) and len(value) == 1 else value
+            shown.append(f"{arg}={_placement(value)}")
+    return f"{type(style).__name__}({', '.join(shown)})"
+
+
+def _placement(value: Any) -> str:
+    text = repr(value)
+    return text.replace("Shard(dim=", "Shard(") if "Shard(dim=" in text else text
 
 
 def _block_plan(block: nn.Module) -> dict[str, Any]:
@@ -219,9 +255,11 @@ def _block_plan(block: nn.Module) -> dict[str, Any]:
     return plan
 
 
-def _pattern(block_name: str, blocks: list[tuple[str, nn.Module]]) -> str:
-    """``transformer.h.*`` when the blocks are the numbered children of one list, else the block's own name."""
-    parent, _, index = block_name.rpartition(".")
-    siblings = [n for n, _ in blocks if n.rpartition(".")[0] == parent]
-    same_structure = len({tuple(n for n, _ in m.named_modules()) for _, m in blocks}) == 1
-    return f"{parent}.*" if parent and index.isdigit() and len(siblings) == len(blocks) and same_structure else block_name
+def _pattern(module: nn.Module, block_name: str, blocks: list[tuple[str, nn.Module]]) -> str:
+    """``transformer.h.*`` when every child of the block's parent is a block of the same structure, else the
+    block's own name."""
+    parent, _, _ = block_name.rpartition(".")
+    names = {n for n, _ in blocks}
+    children = [f"{parent}.{n}" if parent else n for n, _ in module.get_submodule(parent).named_children()]
+    structures = {tuple(n for n, _ in m.named_modules()) for n, m in blocks if n in children}
+    return f"{parent}.*" if parent and set(children) <= names and len(structures) == 1 else block_name

@@ -17,7 +17,9 @@ data parallel (replicated and sharded), tensor parallel and pipeline parallel si
   * tensor parallel (``tp``): each ``ParallelStyle`` of the plan (the dict ``parallelize_module`` takes)
     splits its module's parameters along the dim torch splits (:mod:`strategies.tp_plan`): colwise a
     Linear's weight and bias on dim 0, rowwise its weight on dim 1, ...; parameters no style covers are
-    replicated across ``tp``. FSDP then shards dim 0 of each rank's tensor-parallel piece.
+    replicated across ``tp``. FSDP then shards dim 0 of each rank's tensor-parallel piece. (Without FSDP, a
+    parameter split on dim 0 keeps ``distribute_tensor``'s padded scatter buffer: ``ceil(rows / tp)`` rows on
+    every rank, counted so; its gradient and state are the exact piece.)
   * pipeline parallel (``pp``): each stage holds the parameters of its modules
     (:mod:`strategies.pipeline_stages`; boundaries given, or balanced by bytes by the device-map planner).
   * model parallel: each tensor on its device-map device.
@@ -56,7 +58,7 @@ from strategies.errors import ConfigurationError
 from strategies.fsdp import check_wrap_policy, wrap_targets
 from strategies.pipeline_stages import auto_boundaries, module_stages, parameter_stages
 from strategies.precision import canonical_precision
-from strategies.tp_plan import block_modules, megatron_plan, resolve_tp_plan, tp_shard_dims
+from strategies.tp_plan import block_modules, megatron_plan, replicated_gradients, resolve_tp_plan, tp_shard_dims
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "model_parallel")
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # outermost first: a rank's coordinates, as torchtitan orders them
@@ -136,7 +138,7 @@ class Layout:
         described = " × ".join(f"{d}={s}" for d, s in sizes.items() if s not in (1, -1)) or "1"
         if world_size % given or (not auto and given != world_size):
             raise ConfigurationError(
-                f"{described} = {given} does not {'divide' if auto else 'equal'} the {world_size} processes. Choose "
+                f"{described} = {given} does not {'divide' if world_size % given else 'equal'} the {world_size} processes. Choose "
                 "sizes whose product is the world size (one of them may be -1 for the rest)."
             )
         if auto:
@@ -217,6 +219,7 @@ class _Split:
 
     stage_tensors: list[list[tuple[str, Tensor]]]  # per stage: (first name there, tensor), each tensor once
     tp_dims: dict[str, Optional[int]]
+    whole_grads: list[set[int]]  # per stage: tensors whose TP gradient is materialised whole (see tp_plan)
     module_stage: dict[str, int]
     plan: dict[str, Any]  # resolved TP plan: {module name: ParallelStyle}
     notes: list[str]
@@ -227,6 +230,7 @@ def _split(module: nn.Module, layout: Layout, tp_plan: Any, pipeline: Any, polic
     notes: list[str] = []
     plan: dict[str, Any] = {}
     tp_dims: dict[str, Optional[int]] = {name: None for name, _ in named}
+    whole: set[str] = set()
     if layout.tp > 1:
         if tp_plan is None:
             raise ConfigurationError(
@@ -237,6 +241,7 @@ def _split(module: nn.Module, layout: Layout, tp_plan: Any, pipeline: Any, polic
             tp_plan = megatron_plan(module, _block_classes(policy))
         plan = resolve_tp_plan(module, tp_plan)
         tp_dims = tp_shard_dims(module, plan)
+        whole = replicated_gradients(module, plan)
     stages: dict[str, int] = {name: 0 for name, _ in named}
     module_stage: dict[str, int] = {name: 0 for name, _ in module.named_modules(remove_duplicate=False)}
     if layout.pp > 1:
@@ -249,7 +254,10 @@ def _split(module: nn.Module, layout: Layout, tp_plan: Any, pipeline: Any, polic
             )
         stages = parameter_stages(module, boundaries)
         module_stage = module_stages(module, boundaries)
-        notes.append(f"pipeline stages begin at {', '.join(boundaries)} (stage 0 begins with the module)")
+        notes.append(f"the pipeline stages after the first begin at {', '.join(boundaries)}")
+    uses: dict[int, list[str]] = {}  # id(tensor) -> every name it has
+    for name, param in named:
+        uses.setdefault(id(param), []).append(name)
     stage_tensors: list[list[tuple[str, Tensor]]] = [[] for _ in range(layout.pp)]
     seen: list[dict[int, str]] = [{} for _ in range(layout.pp)]
     first_name: dict[int, str] = {}
@@ -260,11 +268,22 @@ def _split(module: nn.Module, layout: Layout, tp_plan: Any, pipeline: Any, polic
             seen[stage][id(param)] = name
             stage_tensors[stage].append((name, param))
         if first != name:
-            holders = sorted({stages[n] for n, p in named if p is param})
-            where = f"; pipeline stages {holders} each hold a copy (sum their gradients)" if len(holders) > 1 else ""
-            retie = "; re-tie it after parallelize_module" if layout.tp > 1 else ""
-            notes.append(f"'{name}' is tied to '{first}': counted once{where}{retie}")
-    return _Split(stage_tensors, tp_dims, module_stage, plan, notes)
+            notes.append(f"'{name}' is tied to '{first}': counted once")
+            holders = sorted({stages[n] for n in uses[id(param)]})
+            if len(holders) > 1:
+                notes.append(f"pipeline stages {' and '.join(map(str, holders))} each hold a copy of '{first}' (as "
+                             f"'{name}' too): sum their gradients before the optimizer step")  # fmt: skip
+            if layout.tp > 1:
+                notes.append(f"re-tie '{name}' to '{first}' after parallelize_module (it gives each module a parameter "
+                             "of its own)")  # fmt: skip
+    # a gradient is whole when every use of the tensor on the stage makes a whole one (a sharded use sums into it)
+    whole_grads = [{id(p) for _, p in tensors if all(n in whole for n in uses[id(p)] if stages[n] == stage)}
+                   for stage, tensors in enumerate(stage_tensors)]  # fmt: skip
+    if layout.dp_shard == 1 and any(whole_grads):
+        notes.append(f"the gradient of {', '.join(sorted(whole))} (a RowwiseParallel embedding) is whole on every "
+                     "tensor-parallel rank (torch's backward makes it Replicate) unless FSDP shards it or a sharded "
+                     "tied use on the stage comes first")
+    return _Split(stage_tensors, tp_dims, whole_grads, module_stage, plan, notes)
 
 
 def _block_classes(policy: Any) -> tuple[type, ...]:
@@ -289,9 +308,15 @@ def _rank_memory(split: _Split, layout: Layout, coords: dict[str, int], size: di
         numel = math.prod(local)
         rows = local[0] if local else 1
         row = numel // rows if rows else 0
+        grad_numel = None
         if shards > 1:  # FSDP2: dim 0 of the TP piece, every rank padded to ceil(rows / shards)
             padded = -(-rows // shards) * row
             mine = chunk_rows(rows, shards, coords["dp_shard"]) * row
+        elif split.tp_dims[name] == 0 and layout.tp > 1:  # distribute_tensor keeps the padded scatter buffer
+            padded = -(-param.shape[0] // layout.tp) * row
+            mine = grad_numel = numel
+            if id(param) in split.whole_grads[coords["pp"]]:
+                grad_numel = param.numel()
         else:
             padded = mine = numel
         if zero1 and local:  # ZeRO-1: whole parameters and gradients, a dim-0 slice of the state
@@ -301,7 +326,7 @@ def _rank_memory(split: _Split, layout: Layout, coords: dict[str, int], size: di
         nbytes = size[id(param)]
         device.parameters += padded * nbytes
         if param.requires_grad:
-            device.gradients += padded * nbytes
+            device.gradients += (padded if grad_numel is None else grad_numel) * nbytes
             device.optimizer_state += states * state_numel * nbytes + scalar
     return device
 
@@ -434,7 +459,7 @@ def estimate_layout(
             device.activations = per_stage[stage] * flight
     notes = list(split.notes)
     if layout.pp > 1:
-        notes.append(f"{microbatches} micro-batches per step, schedule {schedule}")
+        notes.append(f"{microbatches} micro-batches per step, {schedule}")
     return MemoryEstimate(layout.name, layout.world_size, precision, optimizer_name, devices, layout, notes)
 
 
@@ -461,7 +486,8 @@ def _tied_notes(module: nn.Module, plan: dict[str, Any]) -> list[str]:
     for name, param in module.named_parameters(remove_duplicate=False):
         owner = first.setdefault(id(param), name)
         if owner != name:
-            notes.append(f"'{name}' is tied to '{owner}': counted once, on device {placed[owner]} (its module runs there)")
+            notes.append(f"'{name}' is tied to '{owner}': counted once")
+            notes.append(f"'{name.rpartition('.')[0]}' runs on device {placed[owner]}, where its tied weight is")
     return notes
 
 
@@ -470,8 +496,21 @@ def _activation_scale(precision: str) -> float:
     return 0.5 if precision in ("16-mixed", "bf16-mixed", "16-true", "bf16-true") else 1.0
 
 
+@dataclass
+class _Recorded:
+    """An example input whose forward was already recorded (one forward serves every row of a table)."""
+
+    outputs: list[tuple[str, int]]
+
+
+def _recorded(module: nn.Module, example_input: Any) -> Any:
+    return None if example_input is None else _Recorded(_leaf_outputs(module, example_input))
+
+
 def _leaf_outputs(module: nn.Module, example_input: Any) -> list[tuple[str, int]]:
     """``(leaf module name, bytes of its output)`` for every leaf call of one forward, in call order."""
+    if isinstance(example_input, _Recorded):
+        return example_input.outputs
     per_leaf: list[tuple[str, int]] = []
     names = {id(m): n for n, m in module.named_modules()}
 
@@ -535,6 +574,7 @@ def _tensor_bytes(value: Any) -> int:
 # ---------------------------------------------------------------------------------------------- report
 def compare(module: nn.Module, world_size: int, strategies: Sequence[str] = STRATEGIES, **kwargs: Any) -> list[MemoryEstimate]:
     """:func:`estimate` for each strategy (same arguments)."""
+    kwargs["example_input"] = _recorded(module, kwargs.get("example_input"))
     return [estimate(module, strategy=name, world_size=world_size, **kwargs) for name in strategies]
 
 
@@ -585,11 +625,20 @@ def report(module: nn.Module, world_size: int, device_memory: Union[None, int, s
     first = estimates[0]
     text = (f"Memory per device: world size {world_size}, precision {first.precision}, optimizer {first.optimizer} "
             f"(model_parallel: {world_size} devices in one process)\n{format_table(estimates)}")  # fmt: skip
-    notes = sorted({note for e in estimates for note in e.notes})
-    text += "".join(f"\n- {note}" for note in notes)
+    text += _notes_text(estimates)
     if device_memory is not None:
         text += "\n" + recommend(estimates, device_memory)
     return text
+
+
+def _notes_text(estimates: Sequence[MemoryEstimate]) -> str:
+    """Each note once, naming the rows it is about unless it is about all of them."""
+    notes = dict.fromkeys(note for e in estimates for note in e.notes)
+    lines = []
+    for note in notes:
+        rows = [e.strategy for e in estimates if note in e.notes]
+        lines.append(f"\n- {note}" + ("" if len(rows) == len(estimates) else f" [{', '.join(rows)}]"))
+    return "".join(lines)
 
 
 def layouts_for(world_size: int, dp_replicate: Sequence[int] = (1,), dp_shard: Sequence[int] = (-1,),
@@ -606,27 +655,28 @@ def layouts_for(world_size: int, dp_replicate: Sequence[int] = (1,), dp_shard: S
                 raise
     if not layouts:
         raise ConfigurationError(f"None of the size combinations makes {world_size} processes.")
-    return list(dict.fromkeys(layouts))
+    return sorted(dict.fromkeys(layouts), key=lambda l: (l.tp * l.pp, l.tp, l.pp, l.dp_replicate))
 
 
 def layout_report(module: nn.Module, layouts: Sequence[Layout], device_memory: Union[None, int, str] = None,
                   **kwargs: Any) -> str:  # fmt: skip
     """The table for every layout (arguments of :func:`estimate_layout`), its notes, and a recommendation when
     ``device_memory`` is given: of the layouts that fit, the one with the least tensor and pipeline
-    parallelism (they communicate per layer and per micro-batch; data parallelism once per step)."""
+    parallelism (they communicate per layer and per micro-batch; data parallelism once per step), and then
+    the most replicas (DDP all-reduces 2Ψ per step, FSDP moves 3Ψ)."""
+    kwargs["example_input"] = _recorded(module, kwargs.get("example_input"))
     estimates = [estimate_layout(module, layout, **kwargs) for layout in layouts]
     first = estimates[0]
     text = (f"Memory per rank: world size {first.world_size}, precision {first.precision}, optimizer {first.optimizer} "
             f"(the busiest rank of each layout)\n{format_table(estimates, label='layout')}")  # fmt: skip
-    notes = list(dict.fromkeys(note for e in estimates for note in e.notes))
-    text += "".join(f"\n- {note}" for note in notes)
+    text += _notes_text(estimates)
     if device_memory is not None:
         budget = parse_bytes(device_memory, "device_memory")
         fitting = [e for e in estimates if e.fits(budget)]
         if fitting:
-            best = min(fitting, key=lambda e: (e.layout.tp * e.layout.pp, e.layout.pp, e.layout.dp_replicate))
+            best = min(fitting, key=lambda e: (e.layout.tp * e.layout.pp, e.layout.pp, -e.layout.dp_replicate))
             text += (f"\nFits in {format_bytes(budget)} (within {HEADROOM:.0%}): {', '.join(e.strategy for e in fitting)}. "
-                     f"Least model parallelism among them: {best.strategy} ({format_bytes(best.peak.total)} per rank).")  # fmt: skip
+                     f"Least communication among them: {best.strategy} ({format_bytes(best.peak.total)} per rank).")  # fmt: skip
         else:
             text += f"\nNo layout fits in {format_bytes(budget)} per rank; add ranks, micro-batches or activation checkpointing."
     return text

@@ -9,10 +9,11 @@ about 1/world of it on every rank whatever the sizes of the parameters, where ``
 gives whole parameters to ranks (one dominant matrix leaves one rank nearly all the state).
 
 A step: the gradients, already all-reduced by DDP, become ``Shard(0)`` views of their rows; the rebuilt
-optimizer steps the slices (in place, so each rank's rows of the full parameter are updated); then every
-sharded parameter is all-gathered (``DTensor.full_tensor``) back into the full tensor. The update is the
-one DDP's optimizer makes, row for row, and DTensor computes any cross-row reduction an optimizer does
-(a norm, a factored moment) over the whole parameter.
+optimizer steps the slices (in place, so each rank's rows of the full parameter are updated); then the
+updated slices are all-gathered back into the full parameters, one ``all_gather_into_tensor`` per bucket of
+up to 32 MiB of parameters (per-parameter ``DTensor.full_tensor`` calls would cost one collective each). The
+update is the one DDP's optimizer makes, row for row, and DTensor computes any cross-row reduction an
+optimizer does (a norm, a factored moment) over the whole parameter.
 
 The optimizer state is DTensors, so checkpoints reshard through ``torch.distributed.checkpoint`` like FSDP's
 (a folder written by ``"fsdp"`` loads here and the other way round), and a full (unsharded) state loads by
@@ -20,6 +21,7 @@ each rank keeping its rows.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Optional
 
 import torch
@@ -30,6 +32,9 @@ from strategies.errors import ConfigurationError
 from strategies.sharded_checkpoint import is_dtensor
 
 
+BUCKET_BYTES = 32 * 2**20  # full-parameter bytes gathered per collective (DDP buckets gradients by 25 MiB)
+
+
 class ShardedOptimizer(Optimizer):
     """Wraps ``optimizer`` (built by the user on the full parameters): its class steps dim-0 slices.
 
@@ -37,15 +42,18 @@ class ShardedOptimizer(Optimizer):
     rebuilt optimizer over this rank's slices, whose ``state`` is this rank's share.
     """
 
-    def __init__(self, optimizer: Optimizer, mesh: Any) -> None:
+    def __init__(self, optimizer: Optimizer, mesh: Any, bucket_bytes: int = BUCKET_BYTES) -> None:
         self.mesh = mesh
         self.full_parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        self.slices = [self._slice(p) for p in self.full_parameters]
+        world, rank = mesh.size(), mesh.get_local_rank()
+        self._rows = [chunk_rows(p.shape[0], world, rank) if p.dim() else None for p in self.full_parameters]
+        self.slices = [self._slice(p, rows) for p, rows in zip(self.full_parameters, self._rows)]
+        self._buckets = _gather_buckets(self.full_parameters, self.slices, world, bucket_bytes)
         it = iter(self.slices)
         groups = [{**_hyperparameters(group), "params": [next(it) for _ in group["params"]]}
                   for group in optimizer.param_groups]  # fmt: skip
         try:
-            self.optim = type(optimizer)(groups, **optimizer.defaults)
+            self.optim = type(optimizer)(groups, **_constructor_arguments(optimizer))
         except (TypeError, ValueError) as err:
             raise ConfigurationError(
                 f"strategy='zero1' could not rebuild {type(optimizer).__name__} from its defaults over the parameter "
@@ -54,15 +62,11 @@ class ShardedOptimizer(Optimizer):
         super().__init__([{"params": group["params"]} for group in optimizer.param_groups], optimizer.defaults)
         self.param_groups = optimizer.param_groups  # shared: a scheduler changing lr there changes what steps
 
-    def _slice(self, param: Tensor) -> nn.Parameter:
+    def _slice(self, param: Tensor, rows: Optional[slice]) -> nn.Parameter:
         from torch.distributed.tensor import DTensor, Replicate, Shard
 
         data = param.detach()
-        if data.dim() == 0:
-            local, placements = data, [Replicate()]
-        else:
-            rows = _rows_of(data.shape[0], self.mesh.size(), self.mesh.get_local_rank())
-            local, placements = data[rows], [Shard(0)]
+        local, placements = (data, [Replicate()]) if rows is None else (data[rows], [Shard(0)])
         dtensor = DTensor.from_local(local, self.mesh, placements, run_check=False, shape=data.shape,
                                      stride=data.stride())  # fmt: skip
         return nn.Parameter(dtensor, requires_grad=param.requires_grad)
@@ -78,19 +82,17 @@ class ShardedOptimizer(Optimizer):
                 loss = closure()
         for mine, group in zip(self.optim.param_groups, self.param_groups):
             mine.update(_hyperparameters(group))
-        for param, piece in zip(self.full_parameters, self.slices):
+        for param, piece, rows in zip(self.full_parameters, self.slices, self._rows):
             grad = param.grad
             if grad is not None:
-                local = grad if grad.dim() == 0 else grad[_rows_of(grad.shape[0], self.mesh.size(),
-                                                                   self.mesh.get_local_rank())]  # fmt: skip
-                grad = DTensor.from_local(local, self.mesh, piece.placements, run_check=False, shape=piece.shape,
-                                          stride=piece.stride())  # fmt: skip
+                grad = DTensor.from_local(grad if rows is None else grad[rows], self.mesh, piece.placements,
+                                          run_check=False, shape=piece.shape, stride=piece.stride())  # fmt: skip
             piece.grad = grad
         self.optim.step()
-        for param, piece in zip(self.full_parameters, self.slices):
-            if piece.grad is not None and param.dim():
-                param.copy_(piece.full_tensor())
+        for piece in self.slices:
             piece.grad = None  # a view of the full gradient: do not keep it alive past zero_grad
+        for bucket in self._buckets:
+            bucket.gather(self.mesh)
         return loss
 
     # ------------------------------------------------------------------ state dicts
@@ -137,12 +139,78 @@ class ShardedOptimizer(Optimizer):
         return f"ShardedOptimizer({type(self.optim).__name__}, {len(self.full_parameters)} parameters over {self.mesh.size()} ranks)"
 
 
+def _constructor_arguments(optimizer: Optimizer) -> dict[str, Any]:
+    """``optimizer.defaults`` that its class's constructor takes (AdamW's defaults hold Adam's
+    ``decoupled_weight_decay``, which AdamW sets itself; each group keeps it)."""
+    parameters = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(optimizer.defaults)
+    return {key: value for key, value in optimizer.defaults.items() if key in parameters}
+
+
 def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in group.items() if key != "params"}
 
 
-def _rows_of(rows: int, world_size: int, rank: int) -> slice:
-    """Rank ``rank``'s rows of a dim of ``rows`` split ``torch.chunk``-wise into ``world_size`` (FSDP2's layout)."""
-    per_rank = -(-rows // world_size)
-    start = min(rows, rank * per_rank)
-    return slice(start, min(rows, start + per_rank))
+class _Bucket:
+    """Sliced parameters of one dtype and device gathered by one ``all_gather_into_tensor``: rank ``k`` sends
+    its slices back to back, each padded to ``ceil(rows / world)`` rows, so in what arrives block ``k`` of a
+    parameter's span is rank ``k``'s rows, in order."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.entries: list[tuple[Tensor, Tensor, int, int]] = []  # (full parameter, its slice, offset, span)
+        self.numel = 0
+
+    def add(self, param: Tensor, piece: Tensor) -> None:
+        span = -(-param.shape[0] // self.world_size) * (param.numel() // param.shape[0])
+        self.entries.append((param, piece, self.numel, span))
+        self.numel += span
+
+    def gather(self, mesh: Any) -> None:
+        import torch.distributed as dist
+
+        first = self.entries[0][0]
+        send = first.new_empty(self.numel)
+        for _, piece, offset, _ in self.entries:
+            local = piece.to_local()
+            send[offset : offset + local.numel()].copy_(local.reshape(-1))
+        received = first.new_empty(self.world_size * self.numel)
+        dist.all_gather_into_tensor(received, send, group=mesh.get_group())
+        received = received.view(self.world_size, self.numel)
+        for param, _, offset, span in self.entries:
+            rows = param.shape[0]
+            per_rank = span * rows // param.numel()
+            blocks = received[:, offset : offset + span].view(self.world_size, per_rank, -1)
+            target = param.view(rows, -1)
+            whole = rows // per_rank  # ranks holding a full block; the next one holds the rest
+            target[: whole * per_rank].view(whole, per_rank, -1).copy_(blocks[:whole])
+            if whole * per_rank < rows:
+                target[whole * per_rank :].copy_(blocks[whole, : rows - whole * per_rank])
+
+
+def _gather_buckets(params: list[Tensor], slices: list[Tensor], world_size: int, bucket_bytes: int) -> list[_Bucket]:
+    """Buckets of at most ``bucket_bytes`` of full parameters (one parameter may exceed it alone), one dtype
+    and device each; 0-dim parameters are replicated and need no gathering."""
+    buckets: dict[tuple[torch.dtype, torch.device], list[_Bucket]] = {}
+    for param, piece in zip(params, slices):
+        if param.dim() == 0 or param.numel() == 0:
+            continue
+        if not param.is_contiguous():
+            raise ConfigurationError(
+                f"strategy='zero1' gathers parameters row by row and needs them contiguous; one has shape "
+                f"{tuple(param.shape)} and strides {param.stride()} (channels_last?). Use strategy='zero2' or 'fsdp'."
+            )
+        kind = buckets.setdefault((param.dtype, param.device), [_Bucket(world_size)])
+        if kind[-1].entries and (kind[-1].numel * world_size + param.numel()) * param.element_size() > bucket_bytes:
+            kind.append(_Bucket(world_size))
+        kind[-1].add(param, piece)
+    return [bucket for kind in buckets.values() for bucket in kind]
+
+
+def chunk_rows(rows: int, parts: int, index: int) -> slice:
+    """The rows part ``index`` holds when ``rows`` are split ``torch.chunk``-wise into ``parts``: ``ceil(rows /
+    parts)`` each, trailing parts fewer or none (DTensor's ``Shard`` and FSDP2's layout)."""
+    per_part = -(-rows // parts)
+    start = min(rows, index * per_part)
+    return slice(start, min(rows, start + per_part))

@@ -60,6 +60,16 @@ def test_planned_bytes_equal_what_each_rank_allocates(ranks, layout):
         assert entry["planned"] == entry["measured"], f"rank {rank['rank']}"
 
 
+def test_zero1_slices_step_exactly_as_the_whole_optimizer_and_as_planned(ranks):
+    shares = []
+    for rank in ranks:
+        entry = rank["zero1"]
+        assert entry["max_difference"] == 0.0
+        assert entry["optimizer_state"] == entry["planned_optimizer_state"]
+        shares.append(entry["optimizer_state"])
+    assert max(shares) / min(shares) < 1.2, shares  # 4 uneven ranks: 13, 13, 13 and 11 rows of the embedding
+
+
 def test_sharding_divides_the_parameters_by_the_model_parallel_degree():
     with torch.device("meta"):
         model = nanogpt.GPT2XL()

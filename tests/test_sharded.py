@@ -142,6 +142,24 @@ def test_sharded_checkpoint_resumes_exactly(jobs, ranks, name):
         assert_equal(rank[f"{name}_resumed"], rank[name]["weights"])
 
 
+def test_zero1_full_checkpoint_gathers_the_state_that_a_folder_consolidates_to(jobs, ranks, tmp_path):
+    full_file = jobs["strategies"].out / "ckpt_zero1_full" / f"epoch=0-step={sharded_train.STOP_AT}.ckpt"
+    assert full_file.is_file()  # one file written by rank 0
+    for rank in ranks:
+        assert_equal(rank["zero1_full_resumed"], rank["zero1"]["weights"])
+    from strategies.sharded_checkpoint import consolidate
+
+    folder = jobs["strategies"].out / "ckpt_zero1" / f"epoch=0-step={sharded_train.STOP_AT}.ckpt"
+    consolidated = consolidate(folder, tmp_path / "zero1.ckpt")["optimizer_states"][0]
+    gathered = torch.load(full_file, weights_only=True)["optimizer_states"][0]
+    shapes = [p.shape for p in sharded_train.Net().parameters()]
+    assert set(consolidated["state"]) == set(gathered["state"]) == set(range(len(shapes)))
+    for index, entry in gathered["state"].items():
+        assert entry["exp_avg"].shape == shapes[index]  # whole, not a rank's slice
+        for key, value in entry.items():
+            assert torch.equal(consolidated["state"][index][key], value), (index, key)
+
+
 def test_an_optimizer_without_state_resumes_under_a_sharded_strategy(ranks):
     for report in ranks:
         assert_equal(report["zero2_sgd_resumed"], report["zero2_sgd_uninterrupted"])

@@ -29,7 +29,7 @@ data parallel (replicated and sharded), tensor parallel and pipeline parallel si
   parameter tensor on every rank that holds the tensor (even an empty shard). Tied weights count once (and
   once per pipeline stage that uses them: each stage keeps a copy).
 - ``working``: rough transient memory: DDP/ZeRO-1 gradient buckets (one more copy of the gradients; ZeRO-1
-  also gathers one full parameter at a time), the gathered parameters of ZeRO-2 (all, in the compute dtype)
+  also gathers the updated slices in buckets of 32 MiB), the gathered parameters of ZeRO-2 (all, in the compute dtype)
   and FSDP (the two largest units: one computing, one prefetched).
 - ``activations``: rough, only with ``example_input`` (one micro-batch of one data-parallel rank): the bytes of
   every leaf module's output, halved for 16-bit precisions; under tensor parallelism the outputs a plan
@@ -58,6 +58,7 @@ from strategies.errors import ConfigurationError
 from strategies.fsdp import check_wrap_policy, wrap_targets
 from strategies.pipeline_stages import auto_boundaries, module_stages, parameter_stages
 from strategies.precision import canonical_precision
+from strategies.sharded_optimizer import BUCKET_BYTES, chunk_rows
 from strategies.tp_plan import block_modules, megatron_plan, replicated_gradients, resolve_tp_plan, tp_shard_dims
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "model_parallel")
@@ -191,17 +192,15 @@ def optimizer_states(optimizer: Any) -> tuple[int, int, str]:
 
 
 # ---------------------------------------------------------------------------------------------- layouts
-def chunk_rows(rows: int, parts: int, index: int) -> int:
-    """Rows of part ``index`` when ``rows`` are split ``torch.chunk``-wise into ``parts`` (DTensor's ``Shard``
-    and FSDP2's layout: ``ceil(rows / parts)`` each, trailing parts fewer or none)."""
-    per_part = -(-rows // parts)
-    return max(0, min(per_part, rows - index * per_part))
+def _rows_held(rows: int, parts: int, index: int) -> int:
+    piece = chunk_rows(rows, parts, index)
+    return piece.stop - piece.start
 
 
 def shard_numel(param: Tensor, world_size: int, rank: int) -> int:
     """Elements of ``param`` on ``rank`` under FSDP2 (``torch.chunk`` along dim 0; trailing ranks may get none)."""
     rows = param.shape[0] if param.dim() else 1
-    return chunk_rows(rows, world_size, rank) * (param.numel() // rows if rows else 0)
+    return _rows_held(rows, world_size, rank) * (param.numel() // rows if rows else 0)
 
 
 def _itemsize(param: Tensor, precision: str) -> int:
@@ -294,7 +293,7 @@ def _block_classes(policy: Any) -> tuple[type, ...]:
 def _local_shape(shape: torch.Size, dim: Optional[int], tp: int, tp_rank: int) -> list[int]:
     local = list(shape)
     if dim is not None:
-        local[dim] = chunk_rows(shape[dim], tp, tp_rank)
+        local[dim] = _rows_held(shape[dim], tp, tp_rank)
     return local
 
 
@@ -311,7 +310,7 @@ def _rank_memory(split: _Split, layout: Layout, coords: dict[str, int], size: di
         grad_numel = None
         if shards > 1:  # FSDP2: dim 0 of the TP piece, every rank padded to ceil(rows / shards)
             padded = -(-rows // shards) * row
-            mine = chunk_rows(rows, shards, coords["dp_shard"]) * row
+            mine = _rows_held(rows, shards, coords["dp_shard"]) * row
         elif split.tp_dims[name] == 0 and layout.tp > 1:  # distribute_tensor keeps the padded scatter buffer
             padded = -(-param.shape[0] // layout.tp) * row
             mine = grad_numel = numel
@@ -320,7 +319,7 @@ def _rank_memory(split: _Split, layout: Layout, coords: dict[str, int], size: di
         else:
             padded = mine = numel
         if zero1 and local:  # ZeRO-1: whole parameters and gradients, a dim-0 slice of the state
-            state_numel = chunk_rows(rows, layout.dp_replicate, coords["dp_replicate"]) * row
+            state_numel = _rows_held(rows, layout.dp_replicate, coords["dp_replicate"]) * row
         else:
             state_numel = mine
         nbytes = size[id(param)]
@@ -335,9 +334,11 @@ def _working(module: nn.Module, split: _Split, layout: Layout, coords: dict[str,
              size: dict[int, int], compute: Optional[int], kind: str, policy: Any) -> int:  # fmt: skip
     """Transient bytes: ``kind`` is "buckets" (DDP), "zero1", "all" (ZeRO-2: everything gathered) or "units" (FSDP)."""
     tensors = split.stage_tensors[coords["pp"]]
-    if kind in ("buckets", "zero1"):
-        largest = max((p.numel() * size[id(p)] for _, p in tensors), default=0) if kind == "zero1" else 0
-        return device.gradients + largest
+    if kind == "buckets":
+        return device.gradients
+    if kind == "zero1":  # + one gather bucket of updated slices (a parameter larger than a bucket goes alone)
+        sizes = [p.numel() * size[id(p)] for _, p in tensors]
+        return device.gradients + max(max(sizes, default=0), min(sum(sizes), BUCKET_BYTES))
     gathered = {id(p): math.prod(_local_shape(p.shape, split.tp_dims[n], layout.tp, coords["tp"]))
                 * (compute or size[id(p)]) for n, p in tensors}  # fmt: skip
     if kind == "all":

@@ -7,7 +7,8 @@ Each layout is made directly with ``init_device_mesh``, ``parallelize_module`` (
 "megatron" plan), ``fully_shard`` and ``torch.distributed.pipelining`` (a stage per pipeline rank, built by
 deleting the other stages' modules as torchtitan does, run with ``ScheduleGPipe``); then one Adam step runs, so
 gradients and optimizer state exist. Every rank writes ``rank<r>.pt``: ``{layout name: {"measured": ...,
-"planned": ...}}`` with parameters, gradients and optimizer state in bytes.
+"planned": ...}}`` with parameters, gradients and optimizer state in bytes, and under ``"zero1"`` ZeRO-1's
+sharded optimizer checked against plain AdamW.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from sharded_train import allocated_bytes  # noqa: E402
 from strategies.sharded_checkpoint import is_dtensor  # noqa: E402
 from strategies.tp_plan import megatron_plan  # noqa: E402
 from trainer.memory import Layout, estimate_layout  # noqa: E402
@@ -95,15 +98,6 @@ def keep_stage(model: TinyGPT, stage: int) -> TinyGPT:
     return model
 
 
-def allocated_bytes(tensors) -> int:
-    """Bytes of the storages behind the local parts of ``tensors``, each once (FSDP2's padding included)."""
-    storages = {}
-    for tensor in tensors:
-        storage = (tensor.to_local() if is_dtensor(tensor) else tensor).untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
-
-
 def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -162,6 +156,32 @@ def build_and_step(layout: Layout, rank: int) -> dict[str, int]:
     }
 
 
+def zero1_step(rank: int, whole: nn.Module) -> dict:
+    """ZeRO-1's sharded optimizer on 4 ranks (uneven rows: a 50-row embedding is 13, 13, 13, 11; gathered in
+    many small buckets) against plain AdamW on the same gradients: its weights and its state's bytes."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from strategies.sharded_optimizer import ShardedOptimizer
+    from trainer.memory import estimate
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model, reference = TinyGPT(), TinyGPT()
+    reference.load_state_dict(model.state_dict())
+    sharded = ShardedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01), mesh, bucket_bytes=4096)
+    plain = torch.optim.AdamW(reference.parameters(), lr=0.01)
+    tokens = torch.randint(0, VOCAB, (BATCH, CONTEXT), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        for net, optimizer in ((model, sharded), (reference, plain)):
+            loss_of(net(tokens), tokens).backward()  # the same gradients on every rank, as after DDP's all-reduce
+            optimizer.step()
+            optimizer.zero_grad()
+    difference = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    planned = estimate(whole, "zero1", dist.get_world_size(), optimizer="adamw").devices[rank]
+    state = allocated_bytes(v for s in sharded.optim.state.values() for v in s.values() if torch.is_tensor(v))
+    return {"max_difference": difference, "optimizer_state": state, "planned_optimizer_state": planned.optimizer_state}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -180,6 +200,7 @@ def main() -> None:
                                   optimizer="adam").devices[rank]  # fmt: skip
         report[layout.name] = {"measured": measured, "planned": {k: getattr(planned, k) for k in measured}}
         dist.barrier()
+    report["zero1"] = zero1_step(rank, whole)
     torch.save(report, Path(args.out) / f"rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -196,6 +196,14 @@ def strategies_job(out: Path) -> dict:
         report[f"{name}_resumed"] = full_weights(trainer, module)
         report[f"{name}_resumed_from"] = trainer.ckpt_path
 
+    # ZeRO-1 with state_dict_type="full": one file, the optimizer state gathered on rank 0; resumed from it.
+    from strategies import ZeroStrategy
+
+    folder = out / "ckpt_zero1_full"
+    fit(ZeroStrategy(stage=1, state_dict_type="full"), callbacks=checkpoints(folder), max_steps=STOP_AT)
+    trainer, module = fit(ZeroStrategy(stage=1, state_dict_type="full"), callbacks=checkpoints(folder), ckpt_path="last")
+    report["zero1_full_resumed"] = full_weights(trainer, module)
+
     # Plain SGD keeps no per-parameter state: resuming restores the groups' settings (the decayed LR).
     folder = out / "ckpt_zero2_sgd"
     trainer, module = fit("zero2", stateless_optimizer=True)

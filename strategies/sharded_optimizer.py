@@ -12,8 +12,8 @@ A step: the gradients, already all-reduced by DDP, become ``Shard(0)`` views of 
 optimizer steps the slices (in place, so each rank's rows of the full parameter are updated); then the
 updated slices are all-gathered back into the full parameters, one ``all_gather_into_tensor`` per bucket of
 up to 32 MiB of parameters (per-parameter ``DTensor.full_tensor`` calls would cost one collective each). The
-update is the one DDP's optimizer makes, row for row, and DTensor computes any cross-row reduction an
-optimizer does (a norm, a factored moment) over the whole parameter.
+update is the one DDP's optimizer makes, row for row, for element-wise optimizers (Adam, AdamW, SGD, RMSprop,
+Adagrad, ...); those that compute over whole parameters (Adafactor, Muon, LBFGS, SparseAdam) are refused.
 
 The optimizer state is DTensors, so checkpoints reshard through ``torch.distributed.checkpoint`` like FSDP's
 (a folder written by ``"fsdp"`` loads here and the other way round), and a full (unsharded) state loads by
@@ -33,6 +33,7 @@ from strategies.sharded_checkpoint import is_dtensor
 
 
 BUCKET_BYTES = 32 * 2**20  # full-parameter bytes gathered per collective (DDP buckets gradients by 25 MiB)
+_WHOLE_PARAMETER = ("Adafactor", "LBFGS", "Muon", "SparseAdam")  # torch.optim classes a row slice would change
 
 
 class ShardedOptimizer(Optimizer):
@@ -43,6 +44,13 @@ class ShardedOptimizer(Optimizer):
     """
 
     def __init__(self, optimizer: Optimizer, mesh: Any, bucket_bytes: int = BUCKET_BYTES) -> None:
+        whole = tuple(getattr(torch.optim, name) for name in _WHOLE_PARAMETER if hasattr(torch.optim, name))
+        if isinstance(optimizer, whole):
+            raise ConfigurationError(
+                f"strategy='zero1' steps row slices of every parameter, but {type(optimizer).__name__} computes over "
+                "whole parameters (factored moments, orthogonalised updates, line searches or sparse gradients). "
+                "Use strategy='ddp', or an element-wise optimizer (Adam, AdamW, SGD, ...)."
+            )
         self.mesh = mesh
         self.full_parameters = [p for group in optimizer.param_groups for p in group["params"]]
         world, rank = mesh.size(), mesh.get_local_rank()

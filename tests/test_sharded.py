@@ -254,6 +254,15 @@ def test_sharded_strategies_refuse_bad_settings_before_starting_processes():
     assert zero2.reshard_after_forward is False
 
 
+def test_zero1_refuses_optimizers_that_compute_over_whole_parameters():
+    from strategies import ConfigurationError
+    from strategies.sharded_optimizer import ShardedOptimizer
+
+    for optimizer in (torch.optim.Adafactor, torch.optim.LBFGS):
+        with pytest.raises(ConfigurationError, match=f"{optimizer.__name__} computes over whole parameters"):
+            ShardedOptimizer(optimizer(nn.Linear(2, 2).parameters()), mesh=None)  # refused before any mesh is used
+
+
 def test_wrap_policies_choose_units_bottom_up():
     from strategies.fsdp import wrap_targets
 

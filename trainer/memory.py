@@ -272,7 +272,8 @@ def _split(module: nn.Module, layout: Layout, tp_plan: Any, pipeline: Any, polic
             if len(holders) > 1:
                 notes.append(f"pipeline stages {' and '.join(map(str, holders))} each hold a copy of '{first}' (as "
                              f"'{name}' too): sum their gradients before the optimizer step")  # fmt: skip
-            if layout.tp > 1:
+            together = any(sum(stages[n] == k for n in uses[id(param)]) > 1 for k in holders)
+            if layout.tp > 1 and together:
                 notes.append(f"re-tie '{name}' to '{first}' after parallelize_module (it gives each module a parameter "
                              "of its own)")  # fmt: skip
     # a gradient is whole when every use of the tensor on the stage makes a whole one (a sharded use sums into it)

@@ -81,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
     policy = {classes[name] for name in wrap} or None
     common = dict(precision=args.precision, optimizer=args.optimizer, auto_wrap_policy=policy,
                   example_input=getattr(module, "example_input_array", None))  # fmt: skip
-    if all(getattr(args, flag) is None for flag in _LAYOUT_FLAGS) and args.tp_plan is None:
+    if all(getattr(args, flag) is None for flag in _LAYOUT_FLAGS) and args.tp_plan is None and args.pipeline == "auto":
         strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
         print(report(module, args.world_size, args.device_memory, strategies=strategies, **common))
         return 0
@@ -89,6 +89,8 @@ def main(args: argparse.Namespace) -> int:
     layouts = layouts_for(args.world_size, **sizes)
     plan = _tp_plan(args.tp_plan, module, policy) if any(layout.tp > 1 for layout in layouts) else None
     pipeline = "auto" if args.pipeline == "auto" else [name.strip() for name in args.pipeline.split(",") if name.strip()]
+    if pipeline != "auto" and all(layout.pp == 1 for layout in layouts):
+        raise ConfigurationError(f"--pipeline {args.pipeline} names pipeline stage boundaries, but no layout has --pp above 1.")
     print(layout_report(module, layouts, args.device_memory, tp_plan=plan, pipeline=pipeline,
                         microbatches=args.microbatches, schedule=args.schedule, **common))  # fmt: skip
     if args.tp_plan == "megatron" and plan:

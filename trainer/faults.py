@@ -94,6 +94,7 @@ class FaultMonitor:
         """At an optimizer-step boundary: agree with the other ranks on signals and non-finite losses, then act."""
         trainer = self.trainer
         step = trainer.fit_loop.progress.global_step
+        trainer._checkpoint.raise_write_error()  # a background checkpoint write that failed
         signum = self.signals.received or 0
         bad = self.guard.flush() if self.guard is not None else None
         interval = self._interval(step)

@@ -90,13 +90,24 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
         else:
             with _atomic_file(path) as f:
                 yield f
-    except OSError as err:
-        if err.errno is None or getattr(err, "checkpoint_path", None) is not None:
+    except (OSError, RuntimeError) as err:
+        cause = _os_error(err)  # torch.save reports a failed write as RuntimeError("unexpected pos ...")
+        if cause is None or cause.errno is None or getattr(err, "checkpoint_path", None) is not None:
             raise
-        named = OSError(err.errno, f"Could not write checkpoint '{path}': {err.strerror or err}. Nothing was "
-                                   "replaced: the previous checkpoint of that name (if any) is intact.")  # fmt: skip
+        named = OSError(cause.errno, f"Could not write checkpoint '{path}': {cause.strerror or cause}. Nothing was "
+                                     "replaced: the previous checkpoint of that name (if any) is intact.")  # fmt: skip
         named.checkpoint_path = os.fspath(path)  # type: ignore[attr-defined]
         raise named from err
+
+
+def _os_error(err: Optional[BaseException]) -> Optional[OSError]:
+    """The ``OSError`` that ``err`` is or was raised while handling (a full disk, a file-size limit)."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:

@@ -7,6 +7,7 @@ Candidates are the ``*.ckpt`` files and sharded folders in the run's checkpoint 
 from __future__ import annotations
 
 import os
+import re
 from typing import Iterable, Optional
 
 from strategies import storage
@@ -15,12 +16,37 @@ from strategies.checkpoint_manifest import MANIFEST_FILE
 from strategies.rank import rank_zero_warn
 
 EXTENSION = ".ckpt"
+_TEMPORARY = re.compile(r"^\..+\.ckpt\.(tmp|old)-(\d+)$")  # checkpoint_io.temporary_name and replace_folder's
 
 
 def checkpoints_in(folder: str) -> list[str]:
     """The checkpoints (files and sharded folders named ``*.ckpt``) directly in ``folder``."""
     return [path for path in storage.listdir(folder)
             if storage.name(path).endswith(EXTENSION) and not storage.name(path).startswith(".")]  # fmt: skip
+
+
+def remove_dead_temporaries(folder: str) -> None:
+    """Delete the temporaries that writers killed mid-save left in a local ``folder`` (their process is gone)."""
+    from strategies.checkpoint_io import remove_checkpoint
+
+    if storage.is_remote(folder):
+        return  # no process ids to check there; a later save of the same name replaces its temporary
+    for path in storage.listdir(folder):
+        found = _TEMPORARY.match(storage.name(path))
+        if found and not _alive(int(found.group(2))):
+            remove_checkpoint(path)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def written_at(path: str) -> int:

@@ -252,6 +252,7 @@ class CheckpointConnector:
             if last and storage.exists(last):
                 candidates.append(last)
         for folder in folders:
+            checkpoint_lookup.remove_dead_temporaries(folder)
             candidates.extend(checkpoint_lookup.checkpoints_in(folder))
         if not candidates:  # a restarted script logs to a new version_N: look in the earlier versions too
             earlier = self.earlier_run_folders()

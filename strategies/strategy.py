@@ -212,6 +212,13 @@ class Strategy:
         """Agree on a flag: ``all=True`` → every rank must say True; ``False`` → any rank suffices."""
         return decision
 
+    def after_first_step(self) -> None:
+        """Training has taken its first optimizer step (multi-process strategies shorten their timeout here)."""
+
+    def unresponsive_ranks(self) -> Optional[list[int]]:
+        """After a collective timed out: the ranks that stopped answering, or ``None`` when that cannot be told."""
+        return None
+
     # ------------------------------------------------------------------ checkpoints
     def module_state_dict(self, module: Optional[nn.Module] = None) -> dict[str, Any]:
         """The state dict a checkpoint holds for ``module`` (a module this strategy set up; default the last):

@@ -250,7 +250,12 @@ def verify_once(path: str | os.PathLike) -> None:
     from strategies.checkpoint_manifest import verify_checkpoint
 
     key = os.fspath(path)
-    stamp = (-1 if storage.isdir(key) else storage.size(key), storage.modified_ns(key))
+    stamped = key
+    if storage.isdir(key):  # a folder: its manifest, rewritten by every save of it
+        from strategies.checkpoint_manifest import MANIFEST_FILE
+
+        stamped = storage.join(key, MANIFEST_FILE)
+    stamp = (storage.size(stamped), storage.modified_ns(stamped)) if storage.exists(stamped) else (-1, -1)
     if _VERIFIED.get(key) == stamp:
         return
     verify_checkpoint(key)

@@ -40,7 +40,7 @@ def prepare_folder(target: str, tmp: str) -> None:
 def dcp_writer(tmp: str) -> Any:
     """DCP's writer for the temporary folder (files synced before the save counts as done)."""
     if storage.is_remote(tmp):
-        from torch.distributed.checkpoint import FsspecWriter
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         return FsspecWriter(tmp, sync_files=True)
     from torch.distributed.checkpoint import FileSystemWriter
@@ -65,7 +65,7 @@ def commit_folder(meta: dict[str, Any], tmp: str, target: str, meta_file: str, i
 def reader_base(path: str) -> type:
     """DCP's reader class for ``path`` (fsspec for URLs)."""
     if storage.is_remote(path):
-        from torch.distributed.checkpoint import FsspecReader
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         return FsspecReader
     from torch.distributed.checkpoint import FileSystemReader

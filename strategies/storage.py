@@ -51,6 +51,14 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise ConfigurationError(f"Cannot open '{url}': {err} (for s3:// URLs: pip install 'trainer[s3]').") from None
 
 
+def _fresh(url: str) -> tuple[Any, str]:
+    """:func:`filesystem`, with fsspec's listing cache for ``url`` dropped: another process (a writer, a restarted
+    job) may have changed the object since this one last looked."""
+    fs, inner = filesystem(url)
+    fs.invalidate_cache(inner)
+    return fs, inner
+
+
 def join(base: PathLike, *names: str) -> str:
     """``base/names...`` for a folder or URL."""
     base = os.fspath(base)
@@ -75,7 +83,7 @@ def name(path: PathLike) -> str:
 def exists(path: PathLike) -> bool:
     """Whether a file or folder is at ``path``."""
     if is_remote(path):
-        fs, inner = filesystem(os.fspath(path))
+        fs, inner = _fresh(os.fspath(path))
         return bool(fs.exists(inner))
     return os.path.lexists(local_path(path))
 
@@ -83,7 +91,7 @@ def exists(path: PathLike) -> bool:
 def isdir(path: PathLike) -> bool:
     """Whether ``path`` is a folder (a prefix holding objects, remotely)."""
     if is_remote(path):
-        fs, inner = filesystem(os.fspath(path))
+        fs, inner = _fresh(os.fspath(path))
         return bool(fs.isdir(inner))
     return os.path.isdir(local_path(path))
 
@@ -91,7 +99,7 @@ def isdir(path: PathLike) -> bool:
 def isfile(path: PathLike) -> bool:
     """Whether ``path`` is a file (an object, remotely)."""
     if is_remote(path):
-        fs, inner = filesystem(os.fspath(path))
+        fs, inner = _fresh(os.fspath(path))
         return bool(fs.isfile(inner))
     return os.path.isfile(local_path(path))
 
@@ -99,7 +107,7 @@ def isfile(path: PathLike) -> bool:
 def size(path: PathLike) -> int:
     """Bytes in the file at ``path``."""
     if is_remote(path):
-        fs, inner = filesystem(os.fspath(path))
+        fs, inner = _fresh(os.fspath(path))
         return int(fs.size(inner))
     return os.path.getsize(local_path(path))
 
@@ -108,7 +116,7 @@ def listdir(folder: PathLike) -> list[str]:
     """Full paths (URLs, remotely) of what ``folder`` holds; empty when it does not exist."""
     folder = os.fspath(folder)
     if is_remote(folder):
-        fs, inner = filesystem(folder)
+        fs, inner = _fresh(folder)
         try:
             entries = fs.ls(inner, detail=False)
         except FileNotFoundError:
@@ -124,7 +132,7 @@ def listdir(folder: PathLike) -> list[str]:
 def modified_ns(path: PathLike) -> int:
     """When ``path`` was last written, in nanoseconds (0 where the file system does not say)."""
     if is_remote(path):
-        fs, inner = filesystem(os.fspath(path))
+        fs, inner = _fresh(os.fspath(path))
         try:
             stamp = fs.modified(inner)
         except (NotImplementedError, FileNotFoundError, IsADirectoryError, OSError):
@@ -156,7 +164,7 @@ def remove(path: PathLike) -> None:
 def read_bytes(path: PathLike) -> bytes:
     """The whole content of the file at ``path``."""
     if is_remote(path):
-        fs, inner = filesystem(os.fspath(path))
+        fs, inner = _fresh(os.fspath(path))
         return fs.cat_file(inner)
     with open(local_path(path), "rb") as f:
         return f.read()
@@ -166,7 +174,7 @@ def read_bytes(path: PathLike) -> bytes:
 def open_read(path: PathLike) -> Iterator[BinaryIO]:
     """A seekable binary reader of the file at ``path``."""
     if is_remote(path):
-        fs, inner = filesystem(os.fspath(path))
+        fs, inner = _fresh(os.fspath(path))
         with fs.open(inner, "rb") as f:
             yield f
         return

@@ -89,6 +89,13 @@ class BackgroundWriter:
         self._process_group: Any = None
         self._dcp_stager: Any = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        self.wait()  # a Trainer sent to spawned processes takes no thread along; its saves are complete first
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
     @property
     def busy(self) -> bool:
         """Whether a write is in flight."""

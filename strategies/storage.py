@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from typing import Any, BinaryIO, Iterator, Union
+from typing import Any, BinaryIO, Callable, Iterator, Union
 
 from strategies.errors import ConfigurationError
 
@@ -80,36 +80,32 @@ def name(path: PathLike) -> str:
     return os.fspath(path).rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path)
 
 
-def exists(path: PathLike) -> bool:
-    """Whether a file or folder is at ``path``."""
+def _ask(path: PathLike, remote: str, local: Callable[[str], Any]) -> Any:
+    """``fs.<remote>(path)`` for a URL (read fresh), ``local(path)`` for a local path."""
     if is_remote(path):
         fs, inner = _fresh(os.fspath(path))
-        return bool(fs.exists(inner))
-    return os.path.lexists(local_path(path))
+        return getattr(fs, remote)(inner)
+    return local(local_path(path))
+
+
+def exists(path: PathLike) -> bool:
+    """Whether a file or folder is at ``path``."""
+    return bool(_ask(path, "exists", os.path.lexists))
 
 
 def isdir(path: PathLike) -> bool:
     """Whether ``path`` is a folder (a prefix holding objects, remotely)."""
-    if is_remote(path):
-        fs, inner = _fresh(os.fspath(path))
-        return bool(fs.isdir(inner))
-    return os.path.isdir(local_path(path))
+    return bool(_ask(path, "isdir", os.path.isdir))
 
 
 def isfile(path: PathLike) -> bool:
     """Whether ``path`` is a file (an object, remotely)."""
-    if is_remote(path):
-        fs, inner = _fresh(os.fspath(path))
-        return bool(fs.isfile(inner))
-    return os.path.isfile(local_path(path))
+    return bool(_ask(path, "isfile", os.path.isfile))
 
 
 def size(path: PathLike) -> int:
     """Bytes in the file at ``path``."""
-    if is_remote(path):
-        fs, inner = _fresh(os.fspath(path))
-        return int(fs.size(inner))
-    return os.path.getsize(local_path(path))
+    return int(_ask(path, "size", os.path.getsize))
 
 
 def listdir(folder: PathLike) -> list[str]:

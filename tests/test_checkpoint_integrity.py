@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_support import TinyRegressor, loaders, make_trainer, same_weights
+from ckpt_support import TinyRegressor, loaders, make_trainer, same_weights, uninterrupted
 
 from callbacks import ModelCheckpoint
 from strategies.checkpoint_io import CheckpointError, safe_load
@@ -27,9 +27,7 @@ def _steps(folder: Path) -> list[str]:
 
 def test_a_truncated_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path) -> None:
     train, val = loaders()
-    torch.manual_seed(0)
-    reference = TinyRegressor()
-    make_trainer(tmp_path / "ref", max_epochs=3).fit(reference, train, val)
+    reference = uninterrupted(tmp_path / "ref", max_epochs=3)
 
     torch.manual_seed(0)
     callback = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1, save_last=True)
@@ -115,9 +113,7 @@ def _saved_bytes(trainer, path: Path) -> bytes:
 
 def test_an_asynchronous_save_holds_the_state_of_its_step_and_last_follows_complete_files(tmp_path: Path) -> None:
     train, val = loaders()
-    torch.manual_seed(0)
-    reference = TinyRegressor()
-    make_trainer(tmp_path / "ref", max_epochs=3).fit(reference, train, val)
+    reference = uninterrupted(tmp_path / "ref", max_epochs=3)
 
     torch.manual_seed(0)
     module = TinyRegressor()
@@ -168,3 +164,18 @@ def test_keep_last_n_keeps_the_newest_beside_the_best(tmp_path: Path) -> None:
     assert _steps(tmp_path / "latest") == ["epoch=3-step=14.ckpt", "epoch=3-step=15.ckpt", "epoch=3-step=16.ckpt"]
     with pytest.raises(ValueError, match="keep_last_n=0"):
         ModelCheckpoint(keep_last_n=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the pinned-memory staging path")
+def test_an_asynchronous_save_of_cuda_tensors_stages_into_pinned_memory(tmp_path: Path) -> None:
+    from strategies.async_checkpoint import BackgroundWriter
+
+    writer = BackgroundWriter()
+    weights = torch.randn(1024, 1024, device="cuda")
+    expected = weights.cpu()
+    writer.save_file({"state_dict": {"w": weights}}, tmp_path / "gpu.ckpt")
+    weights.mul_(0.0)  # queued on the same stream after the non-blocking copy: it cannot change the copy
+    writer.wait()
+    assert torch.equal(safe_load(tmp_path / "gpu.ckpt")["state_dict"]["w"], expected)
+    assert writer.stager._buffers[("state_dict", "w")].is_pinned()

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 import torch
-from ckpt_support import TinyRegressor, loaders, make_trainer, same_weights
+from ckpt_support import TinyRegressor, loaders, make_trainer, same_weights, uninterrupted
 
 from callbacks import ModelCheckpoint
 from strategies import Strategy
@@ -23,9 +23,7 @@ def _names(fs, folder: str) -> list[str]:
 def _fit_resume_and_fall_back(root: str, fs, tmp_path) -> None:
     """Train 2 epochs saving to ``root``, resume to 3 epochs from "last"; damage the newest, "auto" falls back."""
     train, val = loaders()
-    torch.manual_seed(0)
-    reference = TinyRegressor()
-    make_trainer(tmp_path / "ref", max_epochs=3).fit(reference, train, val)
+    reference = uninterrupted(tmp_path / "ref", max_epochs=3)
 
     torch.manual_seed(0)
     folder = f"{root}/checkpoints"

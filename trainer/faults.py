@@ -82,16 +82,16 @@ class FaultMonitor:
         self.signals.install()
         try:
             yield
-        except RuntimeError as err:
-            if distributed and not isinstance(err, HangError) and collective_timed_out(err):
-                self.status = "failed"
-                raise HangError(self._hang_message(err)) from err
-            raise
         except NonFiniteLossError as err:
             self.status = "failed"
             if self.mode != "stop":
                 raise
             rank_zero_print(f"Training stopped. {err}", file=sys.stderr)
+        except RuntimeError as err:
+            if distributed and not isinstance(err, HangError) and collective_timed_out(err):
+                self.status = "failed"
+                raise HangError(self._hang_message(err)) from err
+            raise
         finally:
             self.signals.uninstall()
             self._active = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from strategies.errors import ConfigurationError, RankFailedError
+from strategies.errors import ConfigurationError, HangError, RankFailedError
 from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from strategies.registry import register_strategy, strategy_names
 from strategies.single_device import SingleDeviceStrategy
@@ -41,6 +41,7 @@ __all__ = [
     "ConfigurationError",
     "DoublePrecision",
     "HalfPrecision",
+    "HangError",
     "MixedPrecision",
     "Precision",
     "RankFailedError",

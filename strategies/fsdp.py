@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies.environments import ClusterEnvironment
+from strategies.hang_report import DEFAULT_TRAIN_TIMEOUT_S
 from strategies.errors import ConfigurationError
 from strategies.parallel import ParallelStrategy
 from strategies.precision import HalfPrecision, MixedPrecision, Precision
@@ -130,7 +131,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
             (one file gathered on global rank 0).
         sync_module_states: broadcast global rank 0's initial parameters and buffers before sharding, so every
             rank starts from the same model (as DDP does) even if they were initialised differently.
-        timeout / process_group_backend / cluster_environment: as for ``DDPStrategy``.
+        timeout / train_timeout / process_group_backend / cluster_environment: as for ``DDPStrategy``.
     """
 
     strategy_name = "fsdp"
@@ -148,8 +149,9 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         process_group_backend: Optional[str] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
         precision: Optional[Precision] = None,
+        train_timeout: Union[None, float, datetime.timedelta] = DEFAULT_TRAIN_TIMEOUT_S,
     ) -> None:
-        super().__init__(cluster_environment, process_group_backend, timeout, "popen", precision)
+        super().__init__(cluster_environment, process_group_backend, timeout, "popen", precision, train_timeout)
         self.auto_wrap_policy = check_wrap_policy(auto_wrap_policy)
         self.cpu_offload = bool(cpu_offload)
         self.reshard_after_forward = bool(reshard_after_forward)

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies.checkpoint_io import atomic_save, safe_load
+from strategies.errors import ConfigurationError
 from strategies.precision import Precision
+
+if TYPE_CHECKING:  # pragma: no cover
+    from strategies.async_checkpoint import BackgroundWriter
 
 _NULL_CONTEXT = contextlib.nullcontext()
 
@@ -208,6 +212,13 @@ class Strategy:
         """Agree on a flag: ``all=True`` → every rank must say True; ``False`` → any rank suffices."""
         return decision
 
+    def after_first_step(self) -> None:
+        """Training has taken its first optimizer step (multi-process strategies shorten their timeout here)."""
+
+    def unresponsive_ranks(self) -> Optional[list[int]]:
+        """After a collective timed out: the ranks that stopped answering, or ``None`` when that cannot be told."""
+        return None
+
     # ------------------------------------------------------------------ checkpoints
     def module_state_dict(self, module: Optional[nn.Module] = None) -> dict[str, Any]:
         """The state dict a checkpoint holds for ``module`` (a module this strategy set up; default the last):
@@ -233,9 +244,22 @@ class Strategy:
         if self.is_global_zero:
             atomic_save(checkpoint, path)
 
+    def save_checkpoint_async(self, checkpoint: dict[str, Any], path: str | Path, writer: "BackgroundWriter") -> None:
+        """Copy ``checkpoint``'s tensors now and write it in ``writer``'s thread (global rank 0 writes); see
+        :mod:`strategies.async_checkpoint`."""
+        if type(self).save_checkpoint is not Strategy.save_checkpoint:
+            raise ConfigurationError(
+                f"{type(self).__name__} writes its checkpoints itself and has no asynchronous mode; save with "
+                "asynchronous=False."
+            )
+        if self.is_global_zero:
+            writer.save_file(checkpoint, path)
+
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint safely (``weights_only=True``); a sharded checkpoint folder is read whole."""
-        if Path(path).is_dir():
+        from strategies import storage
+
+        if storage.isdir(path):
             from strategies.sharded_checkpoint import load_full
 
             return load_full(path)

@@ -14,6 +14,8 @@ import torch
 from callbacks.callback import Callback
 from loggers.logger import Logger
 from strategies.errors import ConfigurationError
+from strategies.rank import rank_zero_info
+from strategies.storage import is_remote
 from trainer.data import validate_limit
 
 
@@ -70,7 +72,7 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     root = args["default_root_dir"]
     _require(root is None or isinstance(root, (str, os.PathLike)),
              f"default_root_dir={root!r} must be a path (str or os.PathLike) or None.")
-    out["default_root_dir"] = str(Path(root if root is not None else os.getcwd()))
+    out["default_root_dir"] = root.rstrip("/") if is_remote(root) else str(Path(root if root is not None else os.getcwd()))
 
     fast = args["fast_dev_run"]
     _require(isinstance(fast, bool) or (_is_int(fast) and fast >= 0),
@@ -104,6 +106,10 @@ def set_deterministic(deterministic: Any) -> None:
 def build_loggers(logger: Any, root_dir: str, fast_dev_run: int) -> list[Logger]:
     """``logger=True`` → the default (TensorBoard, else CSV) under ``root_dir``; False/None → none."""
     if fast_dev_run or logger is False or logger is None:
+        return []
+    if logger is True and is_remote(root_dir):
+        rank_zero_info("default_root_dir=%r is a URL: checkpoints go there, but the default logger writes local files, "
+                       "so there is none. Pass logger=TensorBoardLogger('runs') (or CSVLogger) to log locally.", root_dir)
         return []
     if logger is True:
         from loggers import default_logger

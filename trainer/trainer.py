@@ -19,7 +19,7 @@ from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_warn
 from strategies.strategy import Strategy
 from trainer import data as data_utils
-from trainer import slurm_requeue
+from trainer import auto_resume, slurm_requeue
 from trainer.arguments import build_callbacks, build_loggers, checkpoints_last, set_deterministic, validate_arguments
 from trainer.checkpointing import CheckpointConnector
 from trainer.datamodule import DataModule
@@ -206,14 +206,15 @@ class Trainer:
         model = self._model_or_fitted(model, "predict")
         return self._launch(self._predict_impl, model, dataloaders, datamodule, return_predictions, ckpt_path)
 
-    def save_checkpoint(self, filepath: Union[str, os.PathLike], weights_only: bool = False) -> None:
+    def save_checkpoint(self, filepath: Union[str, os.PathLike], weights_only: bool = False,
+                        asynchronous: bool = False) -> None:  # fmt: skip
         """Write a checkpoint of the current state (atomically; global rank 0 writes, all ranks must call).
 
-        ``weights_only=True`` keeps the module weights and hyperparameters only (for inference or a new fit).
-        """
+        ``weights_only=True`` keeps the module weights and hyperparameters only (for inference or a new fit);
+        ``asynchronous=True`` copies the state now and writes it in the background."""
         if self.module is None:
             raise RuntimeError("save_checkpoint() needs a module: call it during or after fit/validate/test.")
-        self._checkpoint.save(filepath, weights_only)
+        self._checkpoint.save(filepath, weights_only, asynchronous)
 
     # ------------------------------------------------------------------ stage implementations
     def _launch(self, fn: Any, *args: Any) -> Any:
@@ -231,8 +232,7 @@ class Trainer:
             self.strategy.setup_module(model)
             self._setup_optimizers(model)
             self.should_stop = False
-            if ckpt_path is None:
-                ckpt_path = slurm_requeue.resume_path(self)
+            ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
             if ckpt_path is not None:
                 self._checkpoint.restore_training(ckpt_path)
             model.train()
@@ -305,6 +305,7 @@ class Trainer:
                 datamodule.setup(stage)
             self._call_hook("setup", stage)
             yield
+            self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
             finished = True
         except BaseException as exc:
             for hook in self._hooks.callback_hooks["on_exception"]:

@@ -159,10 +159,12 @@ def fit(strategy, devices: int = 2, batch: int = BATCH, callbacks=(), ckpt_path=
     return trainer, module
 
 
-def checkpoints(folder: Path) -> list[ModelCheckpoint]:
-    """Every STOP_AT steps (with last.ckpt) in ``folder``, and at every epoch end in ``folder/epochs``."""
-    return [ModelCheckpoint(dirpath=folder, every_n_train_steps=STOP_AT, save_top_k=-1, save_last=True),
-            ModelCheckpoint(dirpath=folder / "epochs", save_top_k=-1)]  # fmt: skip
+def checkpoints(folder: Path, asynchronous: bool = False) -> list[ModelCheckpoint]:
+    """Every STOP_AT steps (with last.ckpt) in ``folder``, and at every epoch end in ``folder/epochs``;
+    ``asynchronous``: written in the background (``dcp.async_save``)."""
+    return [ModelCheckpoint(dirpath=folder, every_n_train_steps=STOP_AT, save_top_k=-1, save_last=True,
+                            asynchronous=asynchronous),
+            ModelCheckpoint(dirpath=folder / "epochs", save_top_k=-1, asynchronous=asynchronous)]  # fmt: skip
 
 
 def strategies_job(out: Path) -> dict:
@@ -187,10 +189,10 @@ def strategies_job(out: Path) -> dict:
         trainer, module = fit(name, callbacks=[probe], module_class=WideMLP, max_steps=2)
         report[f"{name}_wide"] = {"bytes": probe.bytes, "weights": full_weights(trainer, module)}
 
-    # Interrupted at STOP_AT steps, resumed from the newest sharded folder ("last").
+    # Interrupted at STOP_AT steps, resumed from the newest sharded folder ("last"); zero1's saved asynchronously.
     for name in ("fsdp", "zero1"):
         folder = out / f"ckpt_{name}"
-        trainer, module = fit(name, callbacks=checkpoints(folder), max_steps=STOP_AT)
+        trainer, module = fit(name, callbacks=checkpoints(folder, asynchronous=name == "zero1"), max_steps=STOP_AT)
         report[f"{name}_at_stop"] = full_weights(trainer, module)
         trainer, module = fit(name, callbacks=checkpoints(folder), ckpt_path="last")
         report[f"{name}_resumed"] = full_weights(trainer, module)

@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 import torch
 
 from callbacks.callback import Callback
-from strategies.checkpoint_io import atomic_link, remove_checkpoint
+from strategies.checkpoint_io import atomic_link
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_warn
 
@@ -278,7 +278,7 @@ class ModelCheckpoint(Callback):
         if trainer.ckpt_path is not None and old == Path(trainer.ckpt_path).absolute():
             return  # the checkpoint this fit resumed from is the user's to delete
         if self.dirpath is not None and Path(self.dirpath).absolute() in old.parents and trainer.is_global_zero:
-            remove_checkpoint(old)
+            trainer.strategy.remove_checkpoint(old)
 
     # ------------------------------------------------------------------ names
     def _monitor_candidates(self, trainer: Any) -> dict[str, Any]:

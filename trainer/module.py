@@ -4,11 +4,12 @@ A Lightning user renames ``LightningModule`` to ``TrainModule``; the hooks and m
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -82,6 +83,16 @@ class TrainModule(nn.Module):
     def local_rank(self) -> int:
         """Rank of this process on its node."""
         return self._trainer.local_rank if self._trainer is not None else 0
+
+    @property
+    def logger(self) -> Any:
+        """The Trainer's first logger (``self.logger.experiment`` is e.g. the TensorBoard writer); None if none."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Any]:
+        """Every logger of the Trainer (empty when not attached or ``logger=False``)."""
+        return list(self._trainer.loggers) if self._trainer is not None else []
 
     @property
     def hparams(self) -> AttributeDict:
@@ -302,9 +313,10 @@ class TrainModule(nn.Module):
             print(*args, **kwargs)
 
     # ------------------------------------------------------------------ manual optimisation
-    def optimizers(self) -> Any:
-        """The optimizer(s) from ``configure_optimizers``, wrapped so ``step()`` runs through the precision plugin."""
-        optimizers = self.trainer._manual_optimizers
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The optimizer(s) from ``configure_optimizers``, wrapped so ``step()`` runs through the precision plugin
+        (``use_pl_optimizer=False``: the torch optimizers themselves)."""
+        optimizers = self.trainer._manual_optimizers if use_pl_optimizer else self.trainer.optimizers
         return optimizers[0] if len(optimizers) == 1 else optimizers
 
     def lr_schedulers(self) -> Any:
@@ -324,6 +336,28 @@ class TrainModule(nn.Module):
         trainer._call_hook("on_before_backward", loss)
         trainer.strategy.backward(loss)
         trainer._call_hook("on_after_backward")
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Compute gradients only for ``optimizer``'s parameters until :meth:`untoggle_optimizer` (e.g. a GAN's
+        generator step): the parameters only the other optimizers hold get ``requires_grad=False``."""
+        from trainer.optimizer_toggle import toggle
+
+        self.__dict__["_toggled_requires_grad"] = toggle(optimizer, self.trainer.optimizers)
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Undo :meth:`toggle_optimizer`: every ``requires_grad`` flag is as it was before the toggle."""
+        from trainer.optimizer_toggle import untoggle
+
+        untoggle(self.__dict__.pop("_toggled_requires_grad", {}))
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """``with self.toggled_optimizer(opt):`` :meth:`toggle_optimizer` on entry, :meth:`untoggle_optimizer` on exit."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
 
     def clip_gradients(
         self, optimizer: Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None

@@ -11,6 +11,7 @@ from strategies.errors import ConfigurationError
 from trainer.hooks import overrides
 from trainer.module import TrainModule
 from trainer.optimizers import step_schedulers
+from trainer.step_signature import takes_batch_idx
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer
@@ -78,6 +79,7 @@ class AutomaticOptimization:
         self.clip_val = trainer.gradient_clip_val
         self.clip_algorithm = trainer.gradient_clip_algorithm
         self.custom_clipping = overrides(module, TrainModule, "configure_gradient_clipping")
+        self.pass_batch_idx = takes_batch_idx(module.training_step)  # training_step(batch) is allowed, as in Lightning
         self.window_has_loss = False
         self.loss_check = trainer._faults.guard  # records the loss on device; None skips the micro-batch
         # on_train_batch_end gets {"loss": detached loss, **other keys} as in Lightning; built only if it is used.
@@ -87,7 +89,7 @@ class AutomaticOptimization:
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
         strategy = self.strategy
         with strategy.backward_sync(window_end):
-            output = strategy.training_step(batch, batch_idx)
+            output = strategy.training_step(batch, batch_idx) if self.pass_batch_idx else strategy.training_step(batch)
             loss = extract_loss(output)
             if self.report_outputs and loss is not None:
                 output = {**output, "loss": loss.detach()} if isinstance(output, dict) else {"loss": loss.detach()}
@@ -139,9 +141,12 @@ class ManualOptimization:
 
     def __init__(self, trainer: "Trainer") -> None:
         self.strategy = trainer.strategy
+        self.pass_batch_idx = takes_batch_idx(trainer.module.training_step)
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
-        return self.strategy.training_step(batch, batch_idx)
+        if self.pass_batch_idx:
+            return self.strategy.training_step(batch, batch_idx)
+        return self.strategy.training_step(batch)
 
 
 class ManualOptimizer:

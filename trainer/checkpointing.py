@@ -180,6 +180,8 @@ class CheckpointConnector:
         if ckpt_path == "best":
             callback = trainer.checkpoint_callback
             best = getattr(callback, "best_model_path", "") if callback is not None else ""
+            if not best and callback is not None:
+                best = self._best_of_saved_runs(callback)
             if not best:
                 raise ConfigurationError(
                     "ckpt_path='best' needs a ModelCheckpoint(monitor=...) that has saved a best checkpoint; "
@@ -210,6 +212,26 @@ class CheckpointConnector:
         if not path.exists():
             raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{path.resolve()}').")
         return path
+
+    def _best_of_saved_runs(self, callback: Any) -> str:
+        """The best checkpoint an earlier process of this experiment recorded (e.g. ``test(ckpt_path="best")`` in a
+        new process after ``fit``): the ``best_model_path`` saved in the newest checkpoint file of its folders."""
+        folders = self.checkpoint_folders() + self.earlier_run_folders()
+        files = {p for folder in folders for p in glob.glob(os.path.join(folder, "*.ckpt")) if os.path.isfile(p)}
+        if not files:
+            return ""
+        newest = max(files, key=lambda p: os.stat(p).st_mtime_ns)
+        try:
+            states = safe_load(newest).get("callbacks") or {}
+        except (CheckpointError, OSError, AttributeError):
+            return ""
+        ordered = [states.get(callback.state_key)] + list(states.values())
+        for state in ordered:
+            best = state.get("best_model_path") if isinstance(state, dict) else None
+            if best and os.path.exists(best):
+                rank_zero_info("ckpt_path='best': %s (recorded in %s).", best, newest)
+                return str(best)
+        return ""
 
     def earlier_run_folders(self) -> list[str]:
         """``checkpoints`` folders of the other ``version_N`` runs of this experiment (same logger folder)."""

@@ -24,7 +24,7 @@ from trainer.arguments import (barebones_defaults, build_callbacks, build_logger
                                set_deterministic, validate_arguments, with_max_time)
 from trainer.checkpointing import CheckpointConnector
 from trainer.datamodule import DataModule
-from trainer.distributed_data import balance_training_batches, without_shuffle
+from trainer.distributed_data import balance_training_batches
 from trainer.faults import FaultMonitor
 from trainer.hooks import HookDispatcher, overrides
 from trainer.launch_defaults import with_launch_defaults
@@ -399,11 +399,8 @@ class Trainer:
     def _prepare_loaders(self, loaders: list[Any], argument: str, training: bool) -> list[Any]:
         """Check each loader and split it across ranks (the training loader gets a shuffling sampler)."""
         sampler_kwargs = self.strategy.distributed_sampler_kwargs
-        for loader in loaders:
-            data_utils.check_iterable(loader, argument)
-        if training and self.overfit_batches:
-            loaders = [without_shuffle(dl) for dl in loaders]
-        return [data_utils.prepare_loader(dl, sampler_kwargs, training, self.use_distributed_sampler) for dl in loaders]
+        return [data_utils.ready_loader(dl, argument, training, sampler_kwargs, self.use_distributed_sampler,
+                                        self.overfit_batches) for dl in loaders]  # fmt: skip
 
     def _setup_optimizers(self, model: TrainModule) -> None:
         optimizers, schedulers = parse_optimizers(model.configure_optimizers())
@@ -435,7 +432,7 @@ class Trainer:
         self._set_train_dataloader(loader, "reset_train_dataloader(loader)")
 
     def _set_train_dataloader(self, loader: Any, argument: str) -> None:
-        [self._train_dataloader] = self._prepare_loaders([loader], argument, training=True)
+        [self._train_dataloader] = self._prepare_loaders([data_utils.as_training_loader(loader)], argument, training=True)
         self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
                                                                "limit_train_batches")  # fmt: skip
         if self.strategy.world_size > 1:  # ranks that run different batch counts would deadlock in DDP

@@ -5,7 +5,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-EXTRAS ?= test
+EXTRAS ?= test,deepspeed
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=

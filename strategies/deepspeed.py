@@ -138,6 +138,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         config["gradient_accumulation_steps"] = 1
         config.setdefault("train_micro_batch_size_per_gpu", 1)  # DeepSpeed requires it; only its own timers read it
+        config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer (as Lightning's default)
         config.pop("train_batch_size", None)
         for key in [k for k, v in config.items() if v == "auto"]:  # Accelerate-style templates
             if key == "gradient_clipping":
@@ -153,6 +154,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         for key in [k for k, v in zero.items() if v == "auto"]:
             zero.pop(key)  # sizes Accelerate derives from the model: DeepSpeed's defaults
         zero["stage"] = self.stage
+        if self.save_16bit_model:
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
         pin = self.root_device.type == "cuda"  # pinned host memory speeds up GPU<->CPU copies only
         if self.offload_optimizer:
             zero["offload_optimizer"] = self._offload(self.offload_optimizer, pin)

@@ -363,12 +363,13 @@ class CheckpointConnector:
 
     def _load_module_state(self, checkpoint: dict[str, Any], path: Any) -> None:
         module = self.trainer.module
+        strict = bool(getattr(module, "strict_loading", True))  # Lightning's module attribute
         expected = set(module.state_dict().keys())
         found = set(checkpoint["state_dict"].keys())
         if expected != found:
-            check_state_dict(module, checkpoint["state_dict"], path)
+            check_state_dict(module, checkpoint["state_dict"], path, strict)
         try:
-            self.trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+            self.trainer.strategy.load_module_state_dict(checkpoint["state_dict"], strict=strict)
         except RuntimeError as err:
             if "state_dict" not in str(err):  # not torch's "Error(s) in loading state_dict" (e.g. size mismatch)
                 raise

@@ -7,9 +7,12 @@ from typing import Any
 class DataModule:
     """Groups download/preparation, splits and the four dataloaders. Override what you need.
 
-    ``prepare_data`` runs once per node (local rank 0) before ``setup``; ``setup(stage)`` runs on every
+    ``prepare_data`` runs once per node (local rank 0; ``prepare_data_per_node = False``: once) before ``setup``; ``setup(stage)`` runs on every
     process. ``state_dict``/``load_state_dict`` are saved in checkpoints.
     """
+
+    #: ``prepare_data`` runs on local rank 0 of every node (True) or on global rank 0 only (False).
+    prepare_data_per_node: bool = True
 
     def __init__(self) -> None:
         self.trainer: Any = None

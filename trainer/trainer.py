@@ -328,10 +328,15 @@ class Trainer:
         self._hooks = HookDispatcher(self._callbacks_with(model), model)
         finished = False
         try:
-            if datamodule is not None:
-                if self.local_rank == 0:
-                    datamodule.prepare_data()
+            preparing = [datamodule] if datamodule is not None else []
+            if overrides(model, TrainModule, "prepare_data"):
+                preparing.append(model)
+            for owner in preparing:  # once per node (local rank 0), or once (global rank 0): prepare_data_per_node
+                if (self.local_rank if getattr(owner, "prepare_data_per_node", True) else self.global_rank) == 0:
+                    owner.prepare_data()
+            if preparing:
                 self.strategy.barrier("prepare_data")
+            if datamodule is not None:
                 datamodule.setup(stage)
             self._call_hook("setup", stage)
             yield
@@ -406,6 +411,9 @@ class Trainer:
         optimizers, schedulers = parse_optimizers(model.configure_optimizers())
         self._optimizers = self.strategy.setup_optimizers(optimizers)
         self.lr_scheduler_configs = schedulers
+        if overrides(model, TrainModule, "lr_scheduler_step"):
+            for config in schedulers:
+                config.step_fn = model.lr_scheduler_step
         if model.automatic_optimization:
             if len(self._optimizers) > 1:
                 raise ConfigurationError(

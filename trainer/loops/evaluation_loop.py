@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from trainer.batch_transfer import batch_mover
 from trainer.logged_metrics import ResultCollection
 from trainer.step_signature import step_arity
 
@@ -57,7 +58,7 @@ class EvaluationLoop:
         trainer._results = results
         results.reset()
         try:
-            module.eval()
+            getattr(module, f"on_{prefix}_model_eval")()  # module.eval() unless the module says otherwise
             with evaluation_grad_mode(trainer):
                 results.epoch_level = True
                 call_hook(f"on_{prefix}_start")
@@ -66,12 +67,13 @@ class EvaluationLoop:
                 for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                     results.dataloader_idx = dataloader_idx if several else None
                     iterator = iter(loader)
+                    to_device = batch_mover(trainer, dataloader_idx)
                     batch_idx = 0
                     while batch_idx < limit:
                         batch = next(iterator, _END)
                         if batch is _END:
                             break
-                        batch = strategy.batch_to_device(batch)
+                        batch = to_device(batch)
                         results.set_batch(batch)
                         if batch_start is not None:
                             batch_start(batch, batch_idx, dataloader_idx)
@@ -90,7 +92,7 @@ class EvaluationLoop:
                 call_hook(f"on_{prefix}_end")
         finally:
             if was_training:
-                module.train()
+                getattr(module, f"on_{prefix}_model_train")()
             trainer._results = previous_results
         return per_loader
 
@@ -110,19 +112,20 @@ class PredictionLoop:
         several = len(loaders) > 1
         arity = step_arity(module.predict_step, several)
         all_outputs: list[list[Any]] = []
-        module.eval()
+        module.on_predict_model_eval()
         with evaluation_grad_mode(trainer):
             call_hook("on_predict_start")
             call_hook("on_predict_epoch_start")
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                 outputs: list[Any] = []
                 iterator = iter(loader)
+                to_device = batch_mover(trainer, dataloader_idx)
                 batch_idx = 0
                 while batch_idx < limit:
                     batch = next(iterator, _END)
                     if batch is _END:
                         break
-                    batch = strategy.batch_to_device(batch)
+                    batch = to_device(batch)
                     call_hook("on_predict_batch_start", batch, batch_idx, dataloader_idx)
                     args = (batch, batch_idx, dataloader_idx)[:arity]
                     prediction = strategy.evaluation_step("predict_step", *args)

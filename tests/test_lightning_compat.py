@@ -21,7 +21,7 @@ from callbacks import Callback, ModelCheckpoint, RichProgressBar, Timer
 from loggers import CSVLogger, Logger
 from strategies import ConfigurationError, MixedPrecision
 from strategies.checkpoint_io import CheckpointError, CheckpointIO
-from trainer import Trainer, TrainModule
+from trainer import DataModule, Trainer, TrainModule
 
 ROOT = Path(__file__).resolve().parents[1]
 MIGRATING = ROOT / "docs" / "migrating_from_lightning.md"
@@ -535,10 +535,18 @@ def test_benchmark_barebones_and_autolog_hparams():
         def log_hyperparams(self, params, metrics=None):
             self.params.append(dict(params))
 
-    for enabled, expected in ((True, 1), (False, 0)):
+    class Data(DataModule):  # a LightningDataModule as Lightning's docs write one
+        def __init__(self, batch_size: int = 4):
+            super().__init__()
+            self.save_hyperparameters()
+
+        def train_dataloader(self):
+            return DataLoader(blobs(8), batch_size=self.hparams.batch_size)
+
+    for enabled, expected in ((True, [{"lr": 0.01, "batch_size": 4}]), (False, [])):
         logger = Params()
-        quiet(logger=logger, enable_autolog_hparams=enabled, max_steps=1).fit(LitAutoEncoder(), DataLoader(blobs(8)))
-        assert len(logger.params) == expected
+        quiet(logger=logger, enable_autolog_hparams=enabled, max_steps=1).fit(LitAutoEncoder(), datamodule=Data())
+        assert logger.params == expected
 
 
 class RecordingIO(CheckpointIO):

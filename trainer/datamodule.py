@@ -1,7 +1,10 @@
 """``DataModule``: the data side of an experiment in one reusable class."""
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, Iterable, Optional, Union
+
+from trainer.hparams import AttributeDict, hyperparameters_of_call
 
 
 class DataModule:
@@ -16,6 +19,17 @@ class DataModule:
 
     def __init__(self) -> None:
         self.trainer: Any = None
+        self._hparams = AttributeDict()
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """Hyperparameters recorded by :meth:`save_hyperparameters` (sent to the loggers with the module's)."""
+        return self.__dict__.setdefault("_hparams", AttributeDict())  # also when a subclass skipped __init__
+
+    def save_hyperparameters(self, *args: Any, ignore: Optional[Union[str, Iterable[str]]] = None, frame: Any = None) -> None:
+        """Record the ``__init__`` arguments (all, or those named in ``args``) in ``self.hparams``, as a module's."""
+        caller = frame or inspect.currentframe().f_back
+        self.hparams.update(hyperparameters_of_call(self, caller, args, ignore))
 
     def prepare_data(self) -> None:
         """Download or write data to disk. Called on local rank 0 only; do not set state here."""

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies.errors import ConfigurationError
-from trainer.hparams import AttributeDict, collect_init_args, plain_hparams
+from trainer.hparams import AttributeDict, hyperparameters_of_call
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer
@@ -504,20 +504,7 @@ class TrainModule(nn.Module):
         with a warning (pass them again to ``load_from_checkpoint`` as overrides).
         """
         caller = frame or inspect.currentframe().f_back
-        if len(args) == 1 and isinstance(args[0], Mapping):
-            values = dict(args[0])
-        else:
-            init_args = collect_init_args(caller, type(self))
-            if args:
-                missing = [a for a in args if a not in init_args]
-                if missing:
-                    raise ConfigurationError(f"save_hyperparameters: {missing} are not arguments of __init__.")
-                values = {a: init_args[a] for a in args}
-            else:
-                values = init_args
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        values = {k: v for k, v in values.items() if k not in ignored}
-        self._hparams.update(plain_hparams(values, type(self).__name__))
+        self._hparams.update(hyperparameters_of_call(self, caller, args, ignore))
         self._hparams_initial = copy.deepcopy(self._hparams)
 
     @classmethod

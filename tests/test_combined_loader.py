@@ -155,3 +155,28 @@ def test_a_fit_on_combined_loaders_killed_mid_epoch_resumes_to_the_same_weights(
     assert killed.returncode == KILLED, killed.stderr[-3000:]
     run_here(tmp_path / "run", tmp_path / "run.pt", "--combined", mode, "--resume")
     assert_same_weights(tmp_path / "whole.pt", tmp_path / "run.pt")
+
+
+def test_the_learning_rate_finder_steps_on_combined_batches_with_a_short_training_step():
+    from callbacks import LearningRateFinder
+
+    class Regression(Seen):
+        def __init__(self):
+            super().__init__()
+            self.lr = 0.1
+            self.layer = nn.Linear(1, 1)
+
+        def training_step(self, batch):  # [batch_a, batch_b], no batch_idx
+            self.steps.append(_plain(batch))
+            return sum(nn.functional.mse_loss(self.layer(x), 2 * x) for (x,) in batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    module = Regression()
+    finder = LearningRateFinder(num_training_steps=5, early_stop_threshold=None, update_attr=False)
+    fit = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, max_epochs=1, callbacks=[finder])  # fmt: skip
+    fit.fit(module, [numbered(3), numbered(2, start=10)])
+    epoch = [[0, 10], [1, 11], [2, 10]]
+    assert module.steps == epoch + epoch[:2] + epoch  # the finder's 5 trial steps (one epoch and more), then the fit

@@ -38,6 +38,12 @@ def is_loader_like(value: Any) -> bool:
     return hasattr(value, "__iter__") and not isinstance(value, (Tensor, str, bytes, Mapping))
 
 
+def training_batches(loader: Any) -> Iterator[Any]:
+    """The batches ``training_step`` gets from ``loader``: for a CombinedLoader its combined batches (iterating one
+    yields ``(batch, batch_idx, dataloader_idx)``), else what iterating the loader gives."""
+    return loader.batches() if isinstance(loader, CombinedLoader) else iter(loader)
+
+
 class CombinedLoader:
     """Iterate a list, tuple or dict of dataloaders together (``mode`` as in the module docstring).
 

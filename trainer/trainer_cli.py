@@ -61,8 +61,8 @@ def _takes_any_keyword(cls: type) -> bool:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(cls.__init__)
+    try:  # unwrapped: a decorated __init__ (the Trainer's) resolves its hints in its own module
+        return typing.get_type_hints(inspect.unwrap(cls.__init__))
     except Exception:  # noqa: BLE001 - unresolvable forward references: no type checks
         return {}
 
@@ -537,4 +537,4 @@ class TrainerCLI:
 
 
 def _hint_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")

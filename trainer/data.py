@@ -53,6 +53,22 @@ def loader_from(explicit: Any, datamodule: Any, module: Any, source: str) -> Any
     return getattr(owner, source)()
 
 
+def prepare_data(strategy: Any, module: Any, datamodule: Any) -> None:
+    """The datamodule's and the module's ``prepare_data``: on local rank 0 of every node, or on global rank 0 only
+    where ``prepare_data_per_node = False``; then every rank waits for them."""
+    from trainer.hooks import overrides
+    from trainer.module import TrainModule
+
+    preparing = [datamodule] if datamodule is not None else []
+    if overrides(module, TrainModule, "prepare_data"):
+        preparing.append(module)
+    for owner in preparing:
+        if (strategy.local_rank if getattr(owner, "prepare_data_per_node", True) else strategy.global_rank) == 0:
+            owner.prepare_data()
+    if preparing:
+        strategy.barrier("prepare_data")
+
+
 def fit_train_loader(explicit: Any, datamodule: Any, module: Any) -> Any:
     """The training loader(s) for ``fit``: as :func:`loader_from`, but having none is an error."""
     loader = loader_from(explicit, datamodule, module, "train_dataloader")

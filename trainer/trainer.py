@@ -328,14 +328,7 @@ class Trainer:
         self._hooks = HookDispatcher(self._callbacks_with(model), model)
         finished = False
         try:
-            preparing = [datamodule] if datamodule is not None else []
-            if overrides(model, TrainModule, "prepare_data"):
-                preparing.append(model)
-            for owner in preparing:  # once per node (local rank 0), or once (global rank 0): prepare_data_per_node
-                if (self.local_rank if getattr(owner, "prepare_data_per_node", True) else self.global_rank) == 0:
-                    owner.prepare_data()
-            if preparing:
-                self.strategy.barrier("prepare_data")
+            data_utils.prepare_data(self.strategy, model, datamodule)
             if datamodule is not None:
                 datamodule.setup(stage)
             self._call_hook("setup", stage)

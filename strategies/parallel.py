@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
 import os
+import sys
 from typing import Any, Optional, Union
 
 import torch
@@ -225,18 +227,33 @@ class ParallelStrategy(Strategy):
         ParallelStrategy._last_stage_clean = True
 
     def _destroy_process_group(self) -> None:
-        # Only if this process's last stage (of any Trainer sharing the group) ended cleanly: after a failure
-        # a peer may be gone and meeting it could block.
-        if self._owns_process_group and ParallelStrategy._last_stage_clean and _distributed_ready():
+        """At exit: meet the other ranks if nothing failed, then destroy the group while Python is still alive.
+
+        A gloo group left to interpreter finalization can abort the process ("terminate called without an
+        active exception", pytorch#190489): its worker threads still hold tensors when the interpreter goes.
+        So it is destroyed whenever this process owns it, also in scripts (the Engine's) whose last stage
+        never reached ``teardown``, and so is every object still holding it. Only the barrier depends on a
+        clean end: after a failure a peer may be gone and meeting it could block. An NCCL group after a
+        failure is left to the launcher, as destroying communicators with a peer gone can block too.
+        """
+        if not (self._owns_process_group and _distributed_ready()):
+            self._owns_process_group = False
+            return
+        self._owns_process_group = False
+        # Wrappers that hold the group (a DDP reducer) can outlive their stage in reference cycles; collected
+        # only at interpreter finalization, they would destroy the gloo group there and abort the same way.
+        gc.collect()
+        ended_cleanly = ParallelStrategy._last_stage_clean and getattr(sys, "last_value", None) is None
+        if ended_cleanly:
             # Meet first: a rank that closes its connections while a peer is still finishing the last
-            # collective can make that peer's exit abort (seen rarely with gloo as
-            # "terminate called without an active exception").
+            # collective can make that peer's exit abort.
             try:
                 self.barrier("exit")
             except Exception:  # a peer already left; destroying locally is still right
                 pass
-            dist.destroy_process_group()
-        self._owns_process_group = False
+        elif self.process_group_backend_name == "nccl":
+            return
+        dist.destroy_process_group()
 
     def __repr__(self) -> str:
         return (

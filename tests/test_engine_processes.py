@@ -152,6 +152,8 @@ def test_trainer_run_launches_an_accelerate_config_file(tmp_path):
         expected = {"precision": "16-mixed", "strategy": "ddp", "world_size": 2, "device": "cpu"}
         assert {k: report[k] for k in expected} == expected and report["trainer"] == expected, f"rank {rank}"
         assert report["threads"] == "1" and report["accumulate"] == 1 and all(report["syncs"])
+        # No end_training() in this script: the group is still destroyed at exit, not left to finalization.
+        assert (tmp_path / f"exit{rank}.txt").read_text() == "destroyed", f"rank {rank}"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (.[deepspeed])")

@@ -13,6 +13,7 @@ then the resumable loop run without interruption (the reference for ``killed`` +
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import sys
@@ -199,6 +200,7 @@ def main() -> None:
     settings = dict(accelerator="cpu", devices=2, precision="16-mixed")
     report: dict = {}
     if mode == "launched":
+        atexit.register(record_group_at_exit, out)  # registered first, so it runs after the strategy's handler
         engine = Engine()  # everything from the launcher (an Accelerate config file)
         trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
         torch.manual_seed(0)
@@ -240,6 +242,12 @@ def main() -> None:
             os._exit(KILLED)
         rank = engine.process_index
     torch.save(report, out / f"rank{rank}.pt")
+
+
+def record_group_at_exit(out: Path) -> None:
+    """Whether the process group outlived the script (left to interpreter finalization, gloo can abort)."""
+    state = "initialized" if torch.distributed.is_initialized() else "destroyed"
+    (out / f"exit{os.environ['RANK']}.txt").write_text(state)
 
 
 def settings_of(strategy) -> dict:

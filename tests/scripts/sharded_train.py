@@ -56,12 +56,25 @@ class Net(TrainModule):
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 3, gamma=0.5)}
 
 
-def data(batch: int = BATCH, one_process_order: bool = False) -> tuple[DataLoader, DataLoader]:
-    """Shuffled training data. ``one_process_order``: without a strategy that splits the data, shuffle as the
-    DistributedSampler the Trainer gives 2 ranks does (so batches of 2*BATCH hold what both ranks' held)."""
+class WideMLP(Net):
+    """8 -> 256 -> 256 -> 4: one matrix holds 95% of the parameters, which whole-parameter ZeRO partitions
+    cannot split evenly."""
+
+    def __init__(self) -> None:
+        TrainModule.__init__(self)
+        self.net = nn.Sequential(nn.Linear(8, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def data(batch: int = BATCH, one_process_order: bool = False, shape: tuple[int, int] = (6, 1)) -> tuple[DataLoader, DataLoader]:
+    """Shuffled training data (``shape``: input and target features). ``one_process_order``: without a strategy
+    that splits the data, shuffle as the DistributedSampler the Trainer gives 2 ranks does (so batches of
+    2*BATCH hold what both ranks' held)."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(N_TRAIN, 6, generator=generator)
-    y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(N_TRAIN, 1, generator=generator)
+    x = torch.randn(N_TRAIN, shape[0], generator=generator)
+    y = x.sum(dim=1, keepdim=True).repeat(1, shape[1]) + 0.1 * torch.randn(N_TRAIN, shape[1], generator=generator)
     dataset = TensorDataset(x, y)
     if one_process_order:
         train = DataLoader(dataset, batch_size=batch, sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=0))
@@ -70,9 +83,14 @@ def data(batch: int = BATCH, one_process_order: bool = False) -> tuple[DataLoade
     return train, DataLoader(TensorDataset(x[:10], y[:10]), batch_size=5)
 
 
-def local_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if is_dtensor(tensor) else tensor
-    return local.numel() * local.element_size()
+def allocated_bytes(tensors) -> int:
+    """Bytes of the storage behind the local part of each of ``tensors``, each storage once: what the rank
+    really allocated for them (FSDP2's padded shards included)."""
+    storages = {}
+    for tensor in tensors:
+        storage = (tensor.to_local() if is_dtensor(tensor) else tensor).untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 class MemoryProbe(Callback):
@@ -84,10 +102,10 @@ class MemoryProbe(Callback):
     def on_before_zero_grad(self, trainer, module, optimizer):
         local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer there
         self.bytes = {
-            "parameters": sum(local_bytes(p) for p in module.parameters()),
-            "gradients": sum(local_bytes(p.grad) for p in module.parameters() if p.grad is not None),
-            "optimizer_state": sum(local_bytes(v) for state in local.state.values() for v in state.values()
-                                   if isinstance(v, torch.Tensor)),  # fmt: skip
+            "parameters": allocated_bytes(module.parameters()),
+            "gradients": allocated_bytes(p.grad for p in module.parameters() if p.grad is not None),
+            "optimizer_state": allocated_bytes(v for state in local.state.values() for v in state.values()
+                                               if isinstance(v, torch.Tensor)),  # fmt: skip
         }
 
 
@@ -121,9 +139,9 @@ def plain_sgd(module: nn.Module) -> dict:
 
 
 def fit(strategy, devices: int = 2, batch: int = BATCH, callbacks=(), ckpt_path=None, one_process_order=False,
-        configure_optimizers_early=False, stateless_optimizer=False, **overrides):
+        configure_optimizers_early=False, stateless_optimizer=False, module_class=Net, **overrides):
     torch.manual_seed(0)
-    module = Net()
+    module = module_class()
     if stateless_optimizer:
         module.configure_optimizers = lambda: plain_sgd(module)
     if configure_optimizers_early:  # the mistake of building the optimizer before the Trainer shards the module
@@ -136,7 +154,8 @@ def fit(strategy, devices: int = 2, batch: int = BATCH, callbacks=(), ckpt_path=
                     callbacks=list(callbacks))  # fmt: skip
     settings.update(overrides)
     trainer = Trainer(**settings)
-    trainer.fit(module, *data(batch, one_process_order), ckpt_path=ckpt_path)
+    shape = (module.net[0].in_features, module.net[-1].out_features)
+    trainer.fit(module, *data(batch, one_process_order, shape), ckpt_path=ckpt_path)
     return trainer, module
 
 
@@ -162,6 +181,12 @@ def strategies_job(out: Path) -> dict:
                         "val_loss": float(trainer.callback_metrics["val_loss"])}  # fmt: skip
     rank = trainer.global_rank
 
+    # ZeRO-1 on a model with one dominant matrix: each rank's share of the optimizer state.
+    for name in ("ddp", "zero1"):
+        probe = MemoryProbe()
+        trainer, module = fit(name, callbacks=[probe], module_class=WideMLP, max_steps=2)
+        report[f"{name}_wide"] = {"bytes": probe.bytes, "weights": full_weights(trainer, module)}
+
     # Interrupted at STOP_AT steps, resumed from the newest sharded folder ("last").
     for name in ("fsdp", "zero1"):
         folder = out / f"ckpt_{name}"
@@ -170,6 +195,14 @@ def strategies_job(out: Path) -> dict:
         trainer, module = fit(name, callbacks=checkpoints(folder), ckpt_path="last")
         report[f"{name}_resumed"] = full_weights(trainer, module)
         report[f"{name}_resumed_from"] = trainer.ckpt_path
+
+    # ZeRO-1 with state_dict_type="full": one file, the optimizer state gathered on rank 0; resumed from it.
+    from strategies import ZeroStrategy
+
+    folder = out / "ckpt_zero1_full"
+    fit(ZeroStrategy(stage=1, state_dict_type="full"), callbacks=checkpoints(folder), max_steps=STOP_AT)
+    trainer, module = fit(ZeroStrategy(stage=1, state_dict_type="full"), callbacks=checkpoints(folder), ckpt_path="last")
+    report["zero1_full_resumed"] = full_weights(trainer, module)
 
     # Plain SGD keeps no per-parameter state: resuming restores the groups' settings (the decayed LR).
     folder = out / "ckpt_zero2_sgd"

@@ -2,10 +2,11 @@
 #   make demo   create .venv if missing, install torch + the project, train examples/digits.py on the CPU
 #   make test   same set-up, then the whole test suite
 # TORCH=... overrides the torch requirement (default: the CPU build that installs from local disk here).
+# EXTRAS: the optional dependencies installed too; deepspeed is among them so its tests (ZeRO on CPU ranks) run.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-EXTRAS ?= test
+EXTRAS ?= test,deepspeed
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=

@@ -29,7 +29,7 @@ import torch
 
 from callbacks.callback import Callback
 from strategies import storage
-from strategies.checkpoint_io import atomic_link, remove_checkpoint
+from strategies.checkpoint_io import atomic_link
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_warn
 
@@ -310,7 +310,7 @@ class ModelCheckpoint(Callback):
         if trainer.ckpt_path is not None and _same_path(previous, trainer.ckpt_path):
             return  # the checkpoint this fit resumed from is the user's to delete
         if self.dirpath is not None and _inside(previous, self.dirpath) and trainer.is_global_zero:
-            _after_commit(trainer, lambda: remove_checkpoint(previous))  # only once the new checkpoint is complete
+            _after_commit(trainer, lambda: trainer.strategy.remove_checkpoint(previous))  # only once the new checkpoint is complete
 
     # ------------------------------------------------------------------ names
     def _monitor_candidates(self, trainer: Any) -> dict[str, Any]:

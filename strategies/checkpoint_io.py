@@ -315,3 +315,21 @@ def _corrupt_message(path: Path, err: BaseException) -> str:
 def _first_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     return lines[0].split(". ")[0][:200] if lines else ""
+
+
+class CheckpointIO:
+    """How a strategy writes, reads and deletes single-file checkpoints: ``Trainer(plugins=[MyCheckpointIO()])``
+    (Lightning's ``CheckpointIO`` plugin). This default writes atomically and reads with ``weights_only=True``;
+    override the three methods to store checkpoints elsewhere (an object store, a compressed format)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        """Write ``checkpoint`` to ``path`` (called on global rank 0 only)."""
+        atomic_save(checkpoint, path)
+
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+        """Read the checkpoint at ``path``."""
+        return safe_load(path, map_location=map_location)
+
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        """Delete the checkpoint at ``path`` (one that is already gone is not an error)."""
+        remove_checkpoint(path)

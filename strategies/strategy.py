@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies.checkpoint_io import atomic_save, safe_load
+from strategies.checkpoint_io import CheckpointIO, atomic_save, remove_checkpoint, safe_load
 from strategies.errors import ConfigurationError
 from strategies.precision import Precision
 
@@ -63,6 +63,8 @@ class Strategy:
         self.module: Optional[nn.Module] = None  # the user's module, unwrapped
         self.model: Optional[nn.Module] = None  # what runs the forward (may be a DDP/DP wrapper)
         self.launcher: Any = None
+        #: Writes, reads and deletes single-file checkpoints when set (``Trainer(plugins=[CheckpointIO()])``).
+        self.checkpoint_io: Optional[CheckpointIO] = None
         self._clip_params: dict[int, list[Tensor]] = {}
 
     def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
@@ -242,7 +244,10 @@ class Strategy:
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
         """Write ``checkpoint`` atomically; only global rank 0 writes."""
         if self.is_global_zero:
-            atomic_save(checkpoint, path)
+            if self.checkpoint_io is not None:
+                self.checkpoint_io.save_checkpoint(checkpoint, path)
+            else:
+                atomic_save(checkpoint, path)
 
     def save_checkpoint_async(self, checkpoint: dict[str, Any], path: str | Path, writer: "BackgroundWriter") -> None:
         """Copy ``checkpoint``'s tensors now and write it in ``writer``'s thread (global rank 0 writes); see
@@ -263,7 +268,17 @@ class Strategy:
             from strategies.sharded_checkpoint import load_full
 
             return load_full(path)
+        if self.checkpoint_io is not None:
+            return self.checkpoint_io.load_checkpoint(path, map_location="cpu")
         return safe_load(path, map_location="cpu")
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Delete a checkpoint this strategy wrote (file or folder); global rank 0 deletes."""
+        if self.is_global_zero:
+            if self.checkpoint_io is not None:
+                self.checkpoint_io.remove_checkpoint(path)
+            else:
+                remove_checkpoint(path)
 
     def teardown(self) -> None:
         """Release resources (process group, device caches)."""

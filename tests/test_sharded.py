@@ -227,6 +227,22 @@ def test_deepspeed_zero2_trains_like_ddp_and_resumes_exactly(jobs, ranks):
         assert_equal(report["resumed"], report["weights"])
 
 
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (optional: pip install '.[deepspeed]')")
+@pytest.mark.parametrize("variant", ["offload", "zero3"])
+def test_deepspeed_zero2_offload_and_zero3_on_cpu_ranks_train_like_ddp(jobs, ranks, variant):
+    """ZeRO-2 with the optimizer in CPU memory, ZeRO-3 with optimizer and parameters offloaded, on 2 gloo ranks."""
+    for report in jobs["deepspeed"].check_ok():
+        run = report[variant]
+        assert run["global_step"] == 8
+        assert_same_weights(run["weights"], ranks[report["rank"]]["ddp"]["weights"], atol=1e-5)
+    if variant == "offload":
+        assert run["device"] == "cpu"
+    else:
+        total = sum(v.numel() for v in run["weights"].values())
+        assert run["partitioned"] < total  # each rank holds only its partition of the parameters
+        assert_same_weights(run["saved_weights"], run["weights"], atol=0)  # zero3_save_16bit_model: gathered weights
+
+
 # ---------------------------------------------------------------------------------------------- misuse
 def test_sharded_strategies_refuse_bad_settings_before_starting_processes():
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -282,8 +298,18 @@ def test_deepspeed_settings_that_contradict_the_trainer_are_refused(tmp_path):
 
     with pytest.raises(ConfigurationError, match=r"accumulate_grad_batches=4"):
         DeepSpeedStrategy(config={"gradient_accumulation_steps": 4}).build_config()
-    with pytest.raises(ConfigurationError, match="offload.*resolved to the CPU"):
-        Trainer(accelerator="cpu", devices=2, strategy=DeepSpeedStrategy(offload_optimizer=True), logger=False)
+    with pytest.raises(ConfigurationError, match="offload_parameters needs stage=3"):
+        DeepSpeedStrategy(stage=2, offload_parameters=True)
+    with pytest.raises(ConfigurationError, match="needs nvme_path"):
+        DeepSpeedStrategy(offload_optimizer="nvme")
+    with pytest.raises(ConfigurationError, match="'optimizer'/'scheduler' section"):
+        DeepSpeedStrategy(config={"optimizer": {"type": "AdamW"}}).build_config()
+    on_cpu = Trainer(accelerator="cpu", devices=2, strategy=DeepSpeedStrategy(offload_optimizer=True), logger=False)
+    config = on_cpu.strategy.build_config()  # the torch optimizer steps on the CPU already: no DeepSpeedCPUAdam needed
+    assert config["zero_force_ds_cpu_optimizer"] is False and config["zero_optimization"]["offload_optimizer"] == {
+        "device": "cpu", "pin_memory": False}  # fmt: skip
+    auto = DeepSpeedStrategy(config={"train_batch_size": "auto", "zero_optimization": {"reduce_bucket_size": "auto"}})
+    assert "reduce_bucket_size" not in auto.build_config()["zero_optimization"]  # Accelerate's "auto": DeepSpeed's default
     with pytest.raises(ConfigurationError, match="no such JSON file"):
         DeepSpeedStrategy(config=str(tmp_path / "missing.json"))
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0}')

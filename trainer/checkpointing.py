@@ -221,6 +221,8 @@ class CheckpointConnector:
         if ckpt_path == "best":
             callback = trainer.checkpoint_callback
             best = getattr(callback, "best_model_path", "") if callback is not None else ""
+            if not best and callback is not None:
+                best = self._best_of_saved_runs(callback)
             if not best:
                 raise ConfigurationError(
                     "ckpt_path='best' needs a ModelCheckpoint(monitor=...) that has saved a best checkpoint; "
@@ -260,6 +262,26 @@ class CheckpointConnector:
             for folder in earlier:
                 candidates.extend(checkpoint_lookup.checkpoints_in(folder))
         return folders, checkpoint_lookup.newest_first(candidates)
+
+    def _best_of_saved_runs(self, callback: Any) -> str:
+        """The best checkpoint an earlier process of this experiment recorded (e.g. ``test(ckpt_path="best")`` in a
+        new process after ``fit``): the ``best_model_path`` saved in the newest checkpoint file of its folders."""
+        folders = self.checkpoint_folders() + self.earlier_run_folders()
+        files = [p for folder in folders for p in checkpoint_lookup.checkpoints_in(folder) if storage.isfile(p)]
+        if not files:
+            return ""
+        newest = checkpoint_lookup.newest_first(files)[0]
+        try:
+            states = safe_load(newest).get("callbacks") or {}
+        except (CheckpointError, OSError, AttributeError):
+            return ""
+        ordered = [states.get(callback.state_key)] + list(states.values())
+        for state in ordered:
+            best = state.get("best_model_path") if isinstance(state, dict) else None
+            if best and storage.exists(best):
+                rank_zero_info("ckpt_path='best': %s (recorded in %s).", best, newest)
+                return str(best)
+        return ""
 
     def earlier_run_folders(self) -> list[str]:
         """``checkpoints`` folders of the other ``version_N`` runs of this experiment (same logger folder)."""
@@ -400,12 +422,13 @@ class CheckpointConnector:
 
     def _load_module_state(self, checkpoint: dict[str, Any], path: Any) -> None:
         module = self.trainer.module
+        strict = bool(getattr(module, "strict_loading", True))  # Lightning's module attribute
         expected = set(module.state_dict().keys())
         found = set(checkpoint["state_dict"].keys())
         if expected != found:
-            check_state_dict(module, checkpoint["state_dict"], path)
+            check_state_dict(module, checkpoint["state_dict"], path, strict)
         try:
-            self.trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+            self.trainer.strategy.load_module_state_dict(checkpoint["state_dict"], strict=strict)
         except RuntimeError as err:
             if "state_dict" not in str(err):  # not torch's "Error(s) in loading state_dict" (e.g. size mismatch)
                 raise

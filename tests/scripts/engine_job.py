@@ -4,6 +4,7 @@
     python engine_job.py OUT killed STATE      # the resumable loop, killed right after save_state mid-epoch
     python engine_job.py OUT resumed STATE     # the same loop from load_state(STATE) to the end
     trainer run --config acc.yaml engine_job.py OUT launched   # Engine() and Trainer() take the launcher's settings
+    trainer run --config ds.yaml engine_job.py OUT trainer_launched   # a Trainer() alone fits with the launcher's
 
 ``parity``: the Engine loop (gloo, 16-mixed on the CPU, accumulation 2 with a partial last window, clipping,
 SGD with momentum, a step LR scheduler, shuffled data), the Trainer on the same module and data, and (rank 0)
@@ -207,6 +208,17 @@ def main() -> None:
         report.update(settings_of(engine.strategy), trainer=settings_of(trainer.strategy), syncs=result["syncs"],
                       accumulate=engine.gradient_accumulation_steps, threads=os.environ.get("OMP_NUM_THREADS"))  # fmt: skip
         rank = engine.process_index
+    elif mode == "trainer_launched":  # only a Trainer, everything from the launcher (e.g. a DeepSpeed file)
+        trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, max_epochs=1)  # fmt: skip
+        module = Wrapped(make_net())
+        trainer.fit(module, DataLoader(dataset(), batch_size=BATCH, shuffle=True))
+        strategy = trainer.strategy
+        zero = strategy.config.get("zero_optimization", {}) if hasattr(strategy, "config") else {}
+        report.update(settings_of(strategy), cls=type(strategy).__name__, stage=zero.get("stage"),
+                      offload=zero.get("offload_optimizer", {}).get("device"), accumulate=trainer.accumulate_grad_batches,
+                      global_step=trainer.global_step)  # fmt: skip
+        rank = trainer.global_rank
     elif mode == "parity":
         engine = Engine(**settings, accumulate_grad_batches=ACCUMULATE, loggers="csv", project_dir=out)
         torch.manual_seed(0)

@@ -2,7 +2,7 @@
 
     python sharded_train.py --out DIR --job strategies      # 2 ranks: ddp/zero1/zero2/fsdp fits, checkpoints
     python sharded_train.py --out DIR --job world1 --resume FOLDER   # 1 rank: fsdp resumes a 2-rank folder
-    python sharded_train.py --out DIR --job deepspeed       # 2 ranks: ZeRO-2 through DeepSpeed
+    python sharded_train.py --out DIR --job deepspeed       # 2 ranks: ZeRO-2 and ZeRO-3 (with offload) through DeepSpeed
 
 All fits train the same model on the same data (shuffled, Adam with StepLR, accumulation 2, norm clipping,
 validation with sync_dist), so their final weights can be compared across strategies and across resumes.
@@ -254,14 +254,19 @@ def world1_job(resume: str) -> dict:
 
 
 def deepspeed_job(out: Path) -> dict:
-    """ZeRO-2 through DeepSpeed: a full fit, and one interrupted at STOP_AT steps then resumed from its folder."""
+    """DeepSpeed on CPU ranks: ZeRO-2 (a full fit, and one interrupted at STOP_AT steps then resumed from its
+    folder), ZeRO-2 with the optimizer offloaded to CPU memory, and ZeRO-3 with optimizer and parameters offloaded
+    (its checkpoints also hold the gathered weights, as Accelerate's zero3_save_16bit_model asks)."""
+    import deepspeed
+
     from strategies.deepspeed import DeepSpeedStrategy
 
-    def strategy() -> DeepSpeedStrategy:
-        return DeepSpeedStrategy(stage=2, config={"gradient_clipping": CLIP})
+    def strategy(**options) -> DeepSpeedStrategy:
+        return DeepSpeedStrategy(config={"gradient_clipping": CLIP}, **{"stage": 2, **options})
 
     def weights(module: nn.Module) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        with deepspeed.zero.GatheredParameters(list(module.parameters())):  # ZeRO-3 holds partitions: gather them
+            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
     trainer, module = fit(strategy())
     report = {"rank": trainer.global_rank, "weights": weights(module), "global_step": trainer.global_step}
@@ -269,6 +274,16 @@ def deepspeed_job(out: Path) -> dict:
     fit(strategy(), callbacks=checkpoints(folder), max_steps=STOP_AT)
     trainer, module = fit(strategy(), callbacks=checkpoints(folder), ckpt_path="last")
     report.update(resumed=weights(module), resumed_from=trainer.ckpt_path)
+    trainer, module = fit(strategy(offload_optimizer="cpu"))
+    report["offload"] = {"weights": weights(module), "global_step": trainer.global_step,
+                         "device": trainer.strategy.config["zero_optimization"]["offload_optimizer"]["device"]}  # fmt: skip
+    stage3 = out / "ckpt_zero3"
+    trainer, module = fit(strategy(stage=3, offload_optimizer=True, offload_parameters=True, save_16bit_model=True),
+                          callbacks=[ModelCheckpoint(dirpath=stage3, save_last=True)])  # fmt: skip
+    saved = stage3 / "last.ckpt" / "pytorch_model.bin"
+    report["zero3"] = {"weights": weights(module), "global_step": trainer.global_step,
+                       "partitioned": sum(p.numel() for p in module.parameters()),  # ZeRO-3: this rank's share
+                       "saved_weights": torch.load(saved, weights_only=True) if saved.exists() else None}  # fmt: skip
     return report
 
 

@@ -2,11 +2,12 @@
 #   make demo   create .venv if missing, install torch + the project, train examples/digits.py on the CPU
 #   make test   same set-up, then the whole test suite
 # TORCH=... overrides the torch requirement (default: the CPU build that installs from local disk here).
-# EXTRAS: the optional dependencies installed too; deepspeed is among them so its tests (ZeRO on CPU ranks) run.
+# EXTRAS: the optional dependencies installed too, so their tests run instead of skipping: deepspeed (ZeRO on CPU
+# ranks) and s3 (fsspec, s3fs and moto's S3 server on 127.0.0.1 for the remote-checkpoint tests).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-EXTRAS ?= test,deepspeed
+EXTRAS ?= test,s3,deepspeed
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=

@@ -215,6 +215,15 @@ class Trainer:
             raise RuntimeError("save_checkpoint() needs a module: call it during or after fit/validate/test.")
         self._checkpoint.save(filepath, weights_only)
 
+    @contextlib.contextmanager
+    def init_module(self, empty_init: Optional[bool] = None) -> Iterator[None]:
+        """Build a module in here to create its tensors where the strategy wants them: on the ``meta`` device under
+        sharded strategies (each rank later materialises only its shards; ``empty_init=False`` builds real tensors),
+        else on the device in the precision's dtype (``empty_init=True`` skips random init, for weights about to
+        be loaded). ``configure_model()`` runs in the same context."""
+        with self.strategy.module_init_context(empty_init):
+            yield
+
     # ------------------------------------------------------------------ stage implementations
     def _launch(self, fn: Any, *args: Any) -> Any:
         launcher = self.strategy.launcher
@@ -304,6 +313,7 @@ class Trainer:
                 self.strategy.barrier("prepare_data")
                 datamodule.setup(stage)
             self._call_hook("setup", stage)
+            self._configure_model(model)
             yield
             finished = True
         except BaseException as exc:
@@ -335,6 +345,12 @@ class Trainer:
             return self.module
         self._check_module(model, stage)
         return model
+
+    def _configure_model(self, model: TrainModule) -> None:
+        if overrides(model, TrainModule, "configure_model") and not model.__dict__.get("_model_configured"):
+            with self.strategy.module_init_context():
+                model.configure_model()
+            model.__dict__["_model_configured"] = True
 
     def _callbacks_with(self, model: TrainModule) -> list[Callback]:
         extra = model.configure_callbacks()

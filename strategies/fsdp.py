@@ -359,9 +359,13 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         gathered = not saved.get("reduced") and saved.get("world_size", 1) > 1  # one row per saving rank
         grads = {}
         for name, grad in saved["grads"].items():
-            param = params[name]
+            param = params.get(name)
+            if param is None or is_dtensor(grad):  # another pipeline stage's; already this rank's shard
+                if param is not None:
+                    grads[name] = grad
+                continue
             full = (grad.mean(0) if gathered else grad).to(param.device, param.dtype)
-            grads[name] = distribute_tensor(full, param.device_mesh, param.placements)
+            grads[name] = distribute_tensor(full, param.device_mesh, param.placements) if is_dtensor(param) else full
         return {**saved, "grads": grads, "reduced": True}
 
     def teardown(self) -> None:

@@ -65,6 +65,9 @@ class NDParallelStrategy(FSDPStrategy):
     """
 
     strategy_name = "nd_parallel"
+    #: Gradients are complete after every backward (FSDP reduce-scatters each micro-batch; TP and PP peers need
+    #: no averaging), so a checkpoint inside an accumulation window saves them as they are.
+    reduces_every_backward = True
 
     def __init__(
         self,
@@ -132,6 +135,11 @@ class NDParallelStrategy(FSDPStrategy):
 
     def _resolve(self, devices_per_node: int, num_nodes: int) -> MeshLayout:
         return resolve_layout(devices_per_node * num_nodes, **self._sizes)
+
+    @property
+    def runs_forward(self) -> bool:  # type: ignore[override]
+        """False under pipeline parallel: the schedule runs forward and backward, not a hand-written loop."""
+        return self.layout is None or self.layout.pp == 1
 
     @property
     def microbatches(self) -> int:

@@ -150,6 +150,12 @@ def test_checkpoint_of_fsdp_tp_resumes_at_another_layout(jobs, four, reference, 
     assert_weights(jobs["four"].out / f"{name}.ckpt", reference["weights"])
 
 
+def test_pipeline_checkpoint_inside_an_accumulation_window_resumes_under_tp(jobs, two, reference):
+    assert mean_losses(two, "tp_from_mid_window", [0]) == pytest.approx(reference["losses"][mesh_train.MID_WINDOW + 1:],
+                                                                       abs=ATOL)  # fmt: skip
+    assert_weights(jobs["two"].out / "tp_from_mid_window.ckpt", reference["weights"])
+
+
 def test_checkpoint_of_fsdp_tp_resumes_in_one_process(jobs, four, reference):
     trainer, module = mesh_train.reference_fit(ckpt_path=jobs["four"].out / "fsdp_tp_at_2.ckpt")
     batches_done = mesh_train.SAVE_AT * mesh_train.ACCUMULATE

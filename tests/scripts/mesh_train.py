@@ -33,6 +33,7 @@ from trainer import Trainer, TrainModule  # noqa: E402
 VOCAB, DIM, HEADS, LAYERS, SEQ = 32, 16, 4, 4, 6
 N_SAMPLES, BATCH, ACCUMULATE, CLIP, LR, EPOCHS = 48, 8, 2, 0.05, 1.0, 2
 SAVE_AT = 2  # optimizer steps: mid-epoch (3 steps per epoch)
+MID_WINDOW = 4  # the micro-batch after which the pipeline run saves: the first of an accumulation window
 HANG_DUMP_S = 200
 
 
@@ -155,13 +156,14 @@ def dataset() -> TensorDataset:
 
 
 class SaveAt(Callback):
-    """Save a checkpoint once ``global_step`` reaches ``step``."""
+    """Save a checkpoint once ``global_step`` reaches ``step`` (or after micro-batch ``batch`` of the first epoch)."""
 
-    def __init__(self, path: Path, step: int) -> None:
-        self.path, self.step, self.done = path, step, False
+    def __init__(self, path: Path, step: Optional[int] = None, batch: Optional[int] = None) -> None:
+        self.path, self.step, self.batch, self.done = path, step, batch, False
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if not self.done and trainer.global_step == self.step:
+        due = trainer.global_step == self.step if self.batch is None else batch_idx == self.batch
+        if not self.done and due:
             trainer.save_checkpoint(self.path)
             self.done = True
 
@@ -226,8 +228,13 @@ def two_job(out: Path) -> dict:
     report: dict = {}
     trainer, module = fit(NDParallelStrategy(dp_shard=1, tp=2), 2, 1)
     record(trainer, module, out, "tp", report)
-    trainer, module = fit(NDParallelStrategy(dp_shard=1, pp=2, pipeline_schedule="GPipe", microbatches=4), 2, 1)
+    mid_window = out / "pp_mid_window.ckpt"
+    trainer, module = fit(NDParallelStrategy(dp_shard=1, pp=2, pipeline_schedule="GPipe", microbatches=4), 2, 1,
+                          callbacks=(SaveAt(mid_window, batch=MID_WINDOW),))  # fmt: skip
     record(trainer, module, out, "pp_gpipe", report)
+    # Inside an accumulation window: the window's first gradients are in the checkpoint, resharded for TP.
+    trainer, module = fit(NDParallelStrategy(dp_shard=1, tp=2), 2, 1, ckpt_path=mid_window)
+    record(trainer, module, out, "tp_from_mid_window", report)
     # 1F1B, stages chosen by the device-map planner (no split points on the module).
     trainer, module = fit(NDParallelStrategy(dp_shard=1, pp=2, pipeline_schedule="1F1B"), 2, 1,
                           module=TinyLM(split_points=None))  # fmt: skip

@@ -96,6 +96,7 @@ def assert_weights(folder: Path, expected: dict) -> None:
 
 # (report name, job, ranks holding different data-parallel slices, shard × tp × pp)
 LAYOUTS = [("fsdp_tp", "four", [0, 2], 4), ("fsdp_pp", "four", [0, 1], 4), ("lightning", "four", [0, 2], 4),
+           ("hsdp", "four", [0, 1, 2, 3], 2),
            ("tp", "two", [0], 2), ("pp_gpipe", "two", [0], 2), ("pp_1f1b", "two", [0], 2)]  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 Every process writes ``rank<global rank>.pt`` into ``--out``.
 
     python mesh_train.py --out DIR --job four     # 4 ranks: FSDP2×TP, (dp_shard=2, pp=2), Lightning's form,
-                                                 # resumes at dp_shard=4 and at (tp=2, pp=2)
+                                                 # HSDP, resumes at dp_shard=4 and at (tp=2, pp=2)
     python mesh_train.py --out DIR --job two      # 2 ranks: TP, PP with GPipe and with 1F1B
     python mesh_train.py --out DIR --job memory   # 2 ranks: deferred init under fsdp, peak RSS per rank
 
@@ -215,6 +215,8 @@ def four_job(out: Path) -> dict:
                           module=LightningStyleLM())  # fmt: skip
     record(trainer, module, out, "lightning", report)
     report["lightning"]["dims"] = trainer.strategy.device_mesh.mesh_dim_names
+    trainer, module = fit(NDParallelStrategy(dp_replicate=2, dp_shard=2), 4, 4)  # HSDP
+    record(trainer, module, out, "hsdp", report)
     # The step-2 checkpoint of the (dp_shard=2, tp=2) run continues at other layouts.
     trainer, module = fit(NDParallelStrategy(dp_shard=4), 4, 4, ckpt_path=saved)
     record(trainer, module, out, "resumed_dp4", report)

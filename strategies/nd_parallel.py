@@ -36,7 +36,7 @@ from torch.optim import Optimizer
 from strategies.deferred_init import has_meta_tensors, materialize
 from strategies.environments import ClusterEnvironment
 from strategies.errors import ConfigurationError
-from strategies.fsdp import FSDPStrategy, WrapPolicy, _Root, wrap_targets
+from strategies.fsdp import FSDPStrategy, _Root, wrap_targets
 from strategies.mesh import ROLES, MeshLayout, Size, build_device_mesh, check_size, check_sizes, resolve_layout
 from strategies.pipeline import SCHEDULES, PipelineRunner, forward_returns, keep_stage, split_batch
 from strategies.precision import MixedPrecision, Precision
@@ -60,8 +60,9 @@ class NDParallelStrategy(FSDPStrategy):
             pipeline bubble (idle time ≈ (pp − 1) / (microbatches + pp − 1) of a step).
         pipeline_schedule: ``"1F1B"`` (default: one forward, one backward in the steady state; activations of at
             most ``pp`` micro-batches alive) or ``"GPipe"`` (all forwards, then all backwards).
-        auto_wrap_policy, reshard_after_forward, mixed_precision, state_dict_type, sync_module_states, timeout,
-        process_group_backend, cluster_environment: as for :class:`~strategies.fsdp.FSDPStrategy`.
+        **fsdp_kwargs: as for :class:`~strategies.fsdp.FSDPStrategy` (``auto_wrap_policy``,
+            ``reshard_after_forward``, ``mixed_precision``, ``state_dict_type``, ``sync_module_states``, ``timeout``,
+            ``process_group_backend``, ``cluster_environment``, ``precision``, ...).
     """
 
     strategy_name = "nd_parallel"
@@ -77,21 +78,9 @@ class NDParallelStrategy(FSDPStrategy):
         pp: Size = 1,
         microbatches: Optional[int] = None,
         pipeline_schedule: str = "1F1B",
-        auto_wrap_policy: WrapPolicy = None,
-        reshard_after_forward: bool = True,
-        mixed_precision: Any = None,
-        state_dict_type: str = "sharded",
-        sync_module_states: bool = True,
-        timeout: Union[None, float, datetime.timedelta] = None,
-        process_group_backend: Optional[str] = None,
-        cluster_environment: Optional[ClusterEnvironment] = None,
-        precision: Optional[Precision] = None,
+        **fsdp_kwargs: Any,
     ) -> None:
-        super().__init__(auto_wrap_policy=auto_wrap_policy, reshard_after_forward=reshard_after_forward,
-                         mixed_precision=mixed_precision, state_dict_type=state_dict_type,
-                         sync_module_states=sync_module_states, timeout=timeout,
-                         process_group_backend=process_group_backend, cluster_environment=cluster_environment,
-                         precision=precision)  # fmt: skip
+        super().__init__(**fsdp_kwargs)
         self._sizes: dict[str, Size] = dict(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp)
         self._check_sizes()
         schedule = {s.lower(): s for s in SCHEDULES}.get(str(pipeline_schedule).lower())

@@ -4,7 +4,8 @@ pipeline rank, each batch cut into micro-batches that flow through the stages (G
 How a module is split (torchtitan's way: no tracing, the module's own code runs on every stage):
 
 - Its **units** are the root's children in registration order, with a container (``nn.ModuleList``,
-  ``nn.ModuleDict``, ``nn.Sequential``) expanded into its entries: ``embed, layers.0, ..., layers.11, norm, head``.
+  ``nn.ModuleDict``, ``nn.Sequential``, also nested) expanded into its entries:
+  ``embed, layers.0, ..., layers.11, norm, head``.
 - **Stage boundaries**: ``module.pipeline_split_points`` (a list, or a method ``(num_stages) -> list``) names the
   unit each later stage starts at, e.g. ``["layers.6"]`` for two stages; without it, the device-map planner
   (:func:`strategies.device_map.plan_device_map`) assigns whole units to stages by parameter bytes.
@@ -36,12 +37,18 @@ _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 def pipeline_units(module: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """``(name, owner, key)`` of each unit in order: ``owner._modules[key]`` is the unit called ``name``."""
-    units = []
-    for name, child in module.named_children():
-        if isinstance(child, _CONTAINERS):
-            units.extend((f"{name}.{key}", child, key) for key in list(child._modules) if child._modules[key] is not None)
-        else:
-            units.append((name, module, name))
+    units: list[tuple[str, nn.Module, str]] = []
+
+    def visit(owner: nn.Module, prefix: str) -> None:
+        for key, child in list(owner._modules.items()):
+            if child is None:
+                continue
+            if isinstance(child, _CONTAINERS):  # nested containers too (nanoGPT's transformer.h.0, ...)
+                visit(child, f"{prefix}{key}.")
+            else:
+                units.append((f"{prefix}{key}", owner, key))
+
+    visit(module, "")
     return units
 
 

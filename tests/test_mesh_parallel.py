@@ -288,6 +288,43 @@ def test_pipeline_settings_are_checked_before_any_process_starts():
         NDParallelStrategy(pipeline_schedule="zigzag")
 
 
+def test_pipeline_stages_follow_split_points_and_keep_the_whole_models_names():
+    from strategies.pipeline import assign_stages, keep_stage, pipeline_units
+
+    module = mesh_train.TinyLM(split_points=["layers.1", "norm"])
+    module.configure_model()
+    assert [name for name, _, _ in pipeline_units(module)] == ["embed", "layers.0", "layers.1", "layers.2", "layers.3",
+                                                                "norm", "head"]  # fmt: skip
+    assert assign_stages(module, 3) == [0, 0, 1, 1, 1, 2, 2]
+    everything = keep_stage(module, 1, 3)
+    assert len(everything) == len(mesh_train.TinyLM().state_dict()) or everything[0] == "embed.weight"
+    assert module.embed is None and module.head is None and list(module.layers) == ["1", "2", "3"]
+    assert next(iter(module.state_dict())).startswith("layers.1.")  # keys as in the whole model
+
+
+@pytest.mark.parametrize("points, message", [(["layers.9"], "must name 1 unit"), (["embed"], "not the first unit")])
+def test_bad_split_points_are_refused(points, message):
+    from strategies.pipeline import assign_stages
+
+    module = mesh_train.TinyLM(split_points=points)
+    module.configure_model()
+    with pytest.raises(ConfigurationError, match=message):
+        assign_stages(module, 2)
+
+
+def test_pipeline_refuses_tied_weights_across_stages_and_a_module_without_its_loss():
+    from strategies.pipeline import PipelineRunner, keep_stage
+
+    module = mesh_train.TinyLM()
+    module.configure_model()
+    module.head.weight = nn.Parameter(torch.zeros(mesh_train.VOCAB, mesh_train.DIM))
+    module.embed.weight = module.head.weight
+    with pytest.raises(ConfigurationError, match="tied weights"):
+        keep_stage(module, 0, 2)
+    with pytest.raises(ConfigurationError, match=r"define Linear.pipeline_loss\(output, target\)"):
+        PipelineRunner(nn.Linear(1, 1), None, torch.device("cpu"), 2, "GPipe")
+
+
 def test_model_parallel_strategy_takes_either_form_but_not_both():
     lightning = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size="auto")
     assert isinstance(lightning, ModelParallelStrategy) and isinstance(lightning, NDParallelStrategy)

@@ -282,10 +282,11 @@ class NDParallelStrategy(FSDPStrategy):
     ) -> Optional[Tensor]:
         """Clip by the norm of the whole model's gradients: reduced over every mesh the shards live on and, with
         pipeline parallel, over the stages."""
-        if algorithm != "norm":
-            return super().clip_parameters(parameters, clip_val, algorithm, norm_type)
-        from strategies.clipping import clip_grad_norm_over_mesh
+        from strategies.clipping import clip_grad_norm_over_mesh, clip_grad_value_over_mesh
 
+        if algorithm != "norm":
+            clip_grad_value_over_mesh(parameters, clip_val)
+            return None
         group = self._group("pp") if self.layout.pp > 1 else None
         return clip_grad_norm_over_mesh(parameters, clip_val, norm_type, group)
 

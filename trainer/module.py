@@ -395,6 +395,14 @@ class TrainModule(nn.Module):
         return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides)
 
 
+def configure_model_once(module: TrainModule, strategy: Any) -> None:
+    """Call ``module.configure_model()`` in the strategy's init context, the first time a stage runs it."""
+    if type(module).configure_model is not TrainModule.configure_model and not module.__dict__.get("_model_configured"):
+        with strategy.module_init_context():
+            module.configure_model()
+        module.__dict__["_model_configured"] = True
+
+
 def _warn_not_attached(name: str) -> None:
     warnings.warn(
         f"self.log({name!r}, ...) was called on a module that is not run by a Trainer; the value is ignored.",

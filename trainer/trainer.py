@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -33,7 +33,7 @@ from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
 from trainer.loops.fit_loop import FitLoop
 from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
-from trainer.module import TrainModule
+from trainer.module import TrainModule, configure_model_once
 from trainer.optimizers import SchedulerConfig, parse_optimizers
 from trainer.seed import isolated_rng, seed_everything
 from trainer.spawned import run_spawned
@@ -215,14 +215,10 @@ class Trainer:
             raise RuntimeError("save_checkpoint() needs a module: call it during or after fit/validate/test.")
         self._checkpoint.save(filepath, weights_only)
 
-    @contextlib.contextmanager
-    def init_module(self, empty_init: Optional[bool] = None) -> Iterator[None]:
-        """Build a module in here to create its tensors where the strategy wants them: on the ``meta`` device under
-        sharded strategies (each rank later materialises only its shards; ``empty_init=False`` builds real tensors),
-        else on the device in the precision's dtype (``empty_init=True`` skips random init, for weights about to
-        be loaded). ``configure_model()`` runs in the same context."""
-        with self.strategy.module_init_context(empty_init):
-            yield
+    def init_module(self, empty_init: Optional[bool] = None) -> ContextManager:
+        """Context to build modules in: on ``meta`` under sharded strategies (``empty_init=False``: real tensors), else
+        on the device in the precision's dtype (``empty_init=True``: no random init). ``configure_model`` runs in it."""
+        return self.strategy.module_init_context(empty_init)
 
     # ------------------------------------------------------------------ stage implementations
     def _launch(self, fn: Any, *args: Any) -> Any:
@@ -313,7 +309,7 @@ class Trainer:
                 self.strategy.barrier("prepare_data")
                 datamodule.setup(stage)
             self._call_hook("setup", stage)
-            self._configure_model(model)
+            configure_model_once(model, self.strategy)
             yield
             finished = True
         except BaseException as exc:
@@ -345,12 +341,6 @@ class Trainer:
             return self.module
         self._check_module(model, stage)
         return model
-
-    def _configure_model(self, model: TrainModule) -> None:
-        if overrides(model, TrainModule, "configure_model") and not model.__dict__.get("_model_configured"):
-            with self.strategy.module_init_context():
-                model.configure_model()
-            model.__dict__["_model_configured"] = True
 
     def _callbacks_with(self, model: TrainModule) -> list[Callback]:
         extra = model.configure_callbacks()

@@ -117,4 +117,10 @@ def build_device_mesh(layout: MeshLayout, device_type: str, names: dict[str, str
     if dropped:  # pragma: no cover  (the strategies only drop dimensions they fix to 1)
         raise ConfigurationError(f"The mesh has no dimension for {dropped}.")
     shape = tuple(layout.size(role) for role in roles)
-    return init_device_mesh(device_type, shape, mesh_dim_names=tuple(names[role] for role in roles))
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(names[role] for role in roles))
+    # Flattened views of neighbouring data/tensor dims let DTensor reduce over both in one collective (a gradient
+    # norm sharded by FSDP and TP) instead of one per dimension; torchtitan does the same.
+    for group in (("dp_replicate", "dp_shard"), ("dp_shard", "tp"), ("dp_replicate", "dp_shard", "tp")):
+        if all(role in names and layout.size(role) > 1 for role in group) and hasattr(mesh, "_flatten"):
+            mesh[tuple(names[role] for role in group)]._flatten("_".join(names[role] for role in group))
+    return mesh

@@ -50,15 +50,21 @@ def job(out: Path, name: str, **env: str) -> Job:
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory) -> dict[str, Job]:
+def started(tmp_path_factory):
+    """The jobs, running in threads while this process computes the reference."""
     tmp = tmp_path_factory.mktemp("mesh_jobs")
     # A fixed mmap threshold makes glibc return freed large blocks to the system, so the resident-set peak
     # measures what is alive rather than what the allocator kept after freeing.
-    started = {"four": job(tmp / "four", "four"), "two": job(tmp / "two", "two"),
+    defined = {"four": job(tmp / "four", "four"), "two": job(tmp / "two", "two"),
                "memory": job(tmp / "memory", "memory", MALLOC_MMAP_THRESHOLD_="131072")}  # fmt: skip
-    with concurrent.futures.ThreadPoolExecutor(len(started)) as pool:
-        list(pool.map(Job.run, started.values()))
-    return started
+    pool = concurrent.futures.ThreadPoolExecutor(len(defined))
+    yield {name: pool.submit(Job.run, each) for name, each in defined.items()}
+    pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def jobs(started, reference) -> dict[str, Job]:
+    return {name: future.result() for name, future in started.items()}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +78,7 @@ def two(jobs) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
+def reference(started) -> dict:
     """The recipe in one process: per-batch losses, final weights, validation loss, parameter bytes."""
     torch.set_num_threads(1)
     trainer, module = mesh_train.reference_fit()

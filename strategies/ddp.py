@@ -21,6 +21,7 @@ from strategies.hang_report import DEFAULT_TRAIN_TIMEOUT_S
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.redirection import ForwardRedirection
+from strategies.strategy import materialize_on
 
 _NULL_CONTEXT = contextlib.nullcontext()
 
@@ -66,6 +67,7 @@ class DDPStrategy(ParallelStrategy):
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Convert for the precision, move to this rank's device, wrap in ``DistributedDataParallel``
         (which broadcasts rank 0's parameters so every rank starts identical)."""
+        materialize_on(module, self.root_device)
         self.module = self.precision.convert_module(module).to(self.root_device)
         if not any(p.requires_grad for p in self.module.parameters()):
             self.model = self.module  # nothing to synchronise (e.g. evaluating a frozen model)

@@ -167,6 +167,11 @@ class ParallelStrategy(Strategy):
             return self.process_group_backend
         return "nccl" if self.root_device.type == "cuda" else "gloo"
 
+    def _init_device(self) -> torch.device:
+        # Trainer.init_module() may run before setup_environment picked this rank's device.
+        local_rank = self.local_rank
+        return self.parallel_devices[local_rank] if local_rank < len(self.parallel_devices) else self.root_device
+
     def setup_environment(self) -> None:
         """Read this process's ranks, pick its device, join (or create) the process group."""
         env = self.cluster_environment

@@ -17,6 +17,7 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "zero2": ("strategies.zero", "Zero2Strategy", {}, ""),
     "fsdp": ("strategies.fsdp", "FSDPStrategy", {}, ""),
     "model_parallel": ("strategies.model_parallel", "ModelParallelStrategy", {}, ""),
+    "nd_parallel": ("strategies.nd_parallel", "NDParallelStrategy", {}, ""),
     "deepspeed": ("strategies.deepspeed", "DeepSpeedStrategy", {}, "deepspeed"),
     # Lightning's spellings of common set-ups
     "ddp_find_unused_parameters_true": ("strategies.ddp", "DDPStrategy", {"find_unused_parameters": True}, ""),

@@ -39,6 +39,14 @@ def move_to_device(data: Any, device: torch.device) -> Any:
     return data
 
 
+def materialize_on(module: nn.Module, device: torch.device) -> None:
+    """A module built on the ``meta`` device gets storage on ``device`` and is initialised (unsharded strategies)."""
+    if any(p.is_meta for p in module.parameters()) or any(b.is_meta for b in module.buffers()):
+        from strategies.deferred_init import materialize
+
+        materialize(module, device)
+
+
 class Strategy:
     """Base strategy: one process, one device. Subclasses override what they change.
 
@@ -119,9 +127,26 @@ class Strategy:
         """Prepare the process (device selection, process group). Called once per fit/validate/test."""
         self.precision.setup(self.root_device)
 
+    @property
+    def device_mesh(self) -> Any:
+        """The ``DeviceMesh`` the module is laid out on (``TrainModule.device_mesh``); ``None`` without one."""
+        return None
+
     # ------------------------------------------------------------------ module and optimizers
+    def module_init_context(self, empty_init: Optional[bool] = None) -> ContextManager:
+        """Where ``Trainer.init_module()`` and ``configure_model()`` build modules: this process's device in the
+        precision's dtype; ``empty_init=True`` skips random initialisation (weights about to be loaded).
+        Sharded strategies build on the ``meta`` device instead (see :mod:`strategies.deferred_init`)."""
+        from strategies.deferred_init import module_init_context
+
+        return module_init_context(self._init_device(), self.precision, empty_init, meta=False)
+
+    def _init_device(self) -> torch.device:
+        return self.root_device
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Convert the module for the precision, move it to the device and wrap it. Returns the runner."""
+        materialize_on(module, self.root_device)
         self.module = self.precision.convert_module(module).to(self.root_device)
         self.model = self.module
         return self.model

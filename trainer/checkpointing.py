@@ -205,12 +205,14 @@ class CheckpointConnector:
 
         strategy = self.trainer.strategy
         world_size = strategy.world_size
-        grads, reduced = {}, False
-        for name, param in self.trainer.module.named_parameters():
-            if param.grad is not None:
-                grad = param.grad.detach()
-                reduced = is_dtensor(grad)
-                grads[name] = strategy.all_gather(grad) if world_size > 1 and not reduced else grad
+        params = [(name, p) for name, p in self.trainer.module.named_parameters() if p.grad is not None]
+        # Already averaged across data-parallel ranks at each backward (FSDP's DTensor shards; N-D layouts, whose
+        # plain gradients are replicated or another stage's), or still one per rank (DDP's no_sync window)?
+        reduced = getattr(strategy, "reduces_every_backward", False) or any(is_dtensor(p.grad) for _, p in params)
+        grads = {}
+        for name, param in params:
+            grad = param.grad.detach()
+            grads[name] = strategy.all_gather(grad) if world_size > 1 and not reduced else grad
         return {"world_size": world_size, "grads": grads, "reduced": reduced}
 
     # ------------------------------------------------------------------ locating

@@ -160,6 +160,7 @@ class TrainDataPosition:
     def __init__(self) -> None:
         self.epoch = 0
         self.replicas = 1
+        self.batch_size: Optional[int] = None
         self._loader: Any = None
         self._sampler: Optional[_IndexSampler] = None
         self._replay_state: Optional[dict[str, Any]] = None
@@ -183,7 +184,11 @@ class TrainDataPosition:
                 "The checkpoint does not record the training sampler's state for this epoch; the resumed epoch "
                 "continues at the same batch position, but a shuffled order may differ from the interrupted run."
             )
-        if skip and saved is not None and saved.get("replicas", self.replicas) != self.replicas:
+        self.batch_size = batch_size = getattr(loader, "batch_size", None)
+        resplit = saved is not None and saved.get("replicas", self.replicas) != self.replicas
+        if resplit and batch_size is not None:  # 2 ranks × batch 4 resume as 4 ranks × batch 2: the same batches
+            resplit = saved.get("replicas", 1) * (saved.get("batch_size") or 0) != self.replicas * batch_size
+        if skip and resplit:
             rank_zero_warn(
                 f"The checkpoint was saved mid-epoch with the data split {saved.get('replicas')} ways, now "
                 f"{self.replicas}: until this epoch ends, some samples may be seen twice and others not at all."
@@ -231,7 +236,7 @@ class TrainDataPosition:
             return self._combined.state_dict()
         sampler = self._sampler
         start = sampler.start_state if sampler is not None else self._replay_state
-        return {"epoch": self.epoch, "start": start, "replicas": self.replicas}
+        return {"epoch": self.epoch, "start": start, "replicas": self.replicas, "batch_size": self.batch_size}
 
 
 class _CombinedPosition:

@@ -107,6 +107,12 @@ class TrainModule(nn.Module):
         return list(self._trainer.loggers) if self._trainer is not None else []
 
     @property
+    def device_mesh(self) -> Any:
+        """The strategy's ``DeviceMesh`` (e.g. ``self.device_mesh["tp"]`` in :meth:`configure_model`); ``None`` when
+        the strategy has none or the module is not attached to a Trainer."""
+        return self._trainer.strategy.device_mesh if self._trainer is not None else None
+
+    @property
     def hparams(self) -> AttributeDict:
         """Hyperparameters recorded by :meth:`save_hyperparameters` (saved in checkpoints)."""
         return self._hparams
@@ -138,6 +144,16 @@ class TrainModule(nn.Module):
     def configure_optimizers(self) -> Any:
         """Return an optimizer, ``([optimizers], [schedulers])``, or ``{"optimizer": ..., "lr_scheduler": ...}``."""
         raise NotImplementedError(f"{type(self).__name__} must implement configure_optimizers().")
+
+    def configure_model(self) -> None:
+        """Build layers here instead of in ``__init__`` for deferred initialisation, and apply a tensor-parallel
+        plan (``parallelize_module(..., self.device_mesh["tp"], ...)``) or ``fully_shard`` yourself.
+
+        Called once per module, by the first stage (fit/validate/test/predict) that runs it, inside the strategy's
+        init context (the ``meta`` device under sharded strategies) and before the strategy wraps the module.
+        Lightning calls it every stage and asks it to be idempotent; calling it once does the same for such a
+        hook and never replaces trained layers.
+        """
 
     def configure_callbacks(self) -> Union[Iterable[Any], Any]:
         """Callbacks this module needs; added to (and replacing same-type) Trainer callbacks."""
@@ -519,6 +535,14 @@ class TrainModule(nn.Module):
         from trainer.checkpointing import load_module_from_checkpoint
 
         return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides)
+
+
+def configure_model_once(module: TrainModule, strategy: Any) -> None:
+    """Call ``module.configure_model()`` in the strategy's init context, the first time a stage runs it."""
+    if type(module).configure_model is not TrainModule.configure_model and not module.__dict__.get("_model_configured"):
+        with strategy.module_init_context():
+            module.configure_model()
+        module.__dict__["_model_configured"] = True
 
 
 def _warn_not_attached(name: str) -> None:

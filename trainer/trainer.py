@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -34,7 +34,7 @@ from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
 from trainer.loops.fit_loop import FitLoop
 from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
-from trainer.module import TrainModule
+from trainer.module import TrainModule, configure_model_once
 from trainer.optimizers import SchedulerConfig, parse_optimizers
 from trainer.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
 from trainer.seed import isolated_rng, seed_everything
@@ -242,6 +242,11 @@ class Trainer:
             raise RuntimeError("save_checkpoint() needs a module: call it during or after fit/validate/test.")
         self._checkpoint.save(filepath, weights_only, asynchronous)
 
+    def init_module(self, empty_init: Optional[bool] = None) -> ContextManager:
+        """Context to build modules in: on ``meta`` under sharded strategies (``empty_init=False``: real tensors), else
+        on the device in the precision's dtype (``empty_init=True``: no random init). ``configure_model`` runs in it."""
+        return self.strategy.module_init_context(empty_init)
+
     # ------------------------------------------------------------------ stage implementations
     def _launch(self, fn: Any, *args: Any) -> Any:
         launcher = self.strategy.launcher
@@ -332,6 +337,7 @@ class Trainer:
             if datamodule is not None:
                 datamodule.setup(stage)
             self._call_hook("setup", stage)
+            configure_model_once(model, self.strategy)
             yield
             self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
             finished = True

@@ -5,7 +5,8 @@
     strategy.setup_environment()                 # process group, device, precision checks
     datamodule.prepare_data()                    # local rank 0 only
     setup("fit")                                 # datamodule → callbacks → module
-    strategy.setup_module(module)                # precision conversion, device, DDP/FSDP wrapping
+    configure_model()                            # once per module, in the strategy's init context (meta if sharded)
+    strategy.setup_module(module)                # precision conversion, device, DDP/FSDP wrapping, materialising
     configure_optimizers() → strategy.setup_optimizers(...)
     [restore ckpt_path]                          # on_load_checkpoint: callbacks → module
     on_fit_start                                 # callbacks → module

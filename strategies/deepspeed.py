@@ -341,3 +341,23 @@ def _offload_device(name: str, value: Union[bool, str, None]) -> str:
     if str(value).lower() in ("cpu", "nvme"):
         return str(value).lower()
     raise ConfigurationError(f"DeepSpeedStrategy({name}={value!r}) must be False, True/'cpu' or 'nvme'.")
+
+
+def build_cpu_ops() -> None:
+    """Compile the op DeepSpeed's CPU backend loads when its process group starts (its shared-memory collectives).
+
+    DeepSpeed builds it just in time, in the first job that needs it: a minute or more of compiling on a small
+    machine, inside that job's time, and a job killed meanwhile leaves a lock that makes the next one wait forever.
+    ``make install`` runs this once (``python -m strategies.deepspeed``); the build is cached in torch's extension
+    folder (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``).
+    """
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    builder = ShareMemCommBuilder()
+    if builder.is_compatible():
+        builder.load(verbose=False)
+
+
+if __name__ == "__main__":
+    build_cpu_ops()

@@ -25,7 +25,7 @@ from strategies.checkpoint_io import CheckpointError
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
-_CHUNK = 16 * 1024 * 1024
+_CHUNK = 1024 * 1024  # small: a large read buffer would add its size to peak memory at every check
 _ZIP_MAGIC = b"PK\x03\x04"
 _LEGACY_MAGIC = b"\x80"  # torch.save(..., _use_new_zipfile_serialization=False): a bare pickle, nothing recorded
 

@@ -26,6 +26,12 @@ class MeshLayout:
     tp: int = 1
     pp: int = 1
 
+    def __post_init__(self) -> None:
+        for role in ROLES:
+            value = getattr(self, role)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"MeshLayout({role}={value!r}): each size must be a positive int.")
+
     @property
     def dp(self) -> int:
         """Data-parallel ranks: how many different batches are processed at once."""
@@ -52,6 +58,12 @@ class MeshLayout:
         """Which data-parallel slice of the batch ``rank`` processes (TP and PP peers share one)."""
         coords = self.coordinates(rank)
         return coords["dp_replicate"] * self.dp_shard + coords["dp_shard"]
+
+    @property
+    def name(self) -> str:
+        """``"dp_shard=4 tp=2"``: the sizes above 1 (``"single"`` for one rank), as the planner's tables show it."""
+        return " ".join(f"{role}={self.size(role)}" for role in ("dp_replicate", "dp_shard", "tp", "pp")
+                        if self.size(role) > 1) or "single"  # fmt: skip
 
     def __str__(self) -> str:
         parts = [f"{role}={self.size(role)}" for role in ("dp_replicate", "dp_shard", "tp", "pp") if self.size(role) > 1]
@@ -92,12 +104,13 @@ def resolve_layout(world_size: int, **sizes: Size) -> MeshLayout:
     fixed = {name: value for name, value in checked.items() if value is not None}
     product = math.prod(fixed.values())
     shown = " × ".join(f"{name}={value}" for name, value in fixed.items() if value > 1) or "1"
+    if world_size % product:
+        what = f", so {auto[0]}='auto' has no size" if auto else ""
+        raise ConfigurationError(
+            f"{shown} = {product} does not divide the {world_size} processes{what}. Choose sizes whose product "
+            f"divides {world_size}, or change devices/num_nodes."
+        )
     if auto:
-        if world_size % product:
-            raise ConfigurationError(
-                f"{shown} = {product} does not divide the {world_size} processes, so {auto[0]}='auto' has no size. "
-                f"Choose sizes whose product divides {world_size}, or change devices/num_nodes."
-            )
         fixed[auto[0]] = world_size // product
     elif product != world_size:
         raise ConfigurationError(

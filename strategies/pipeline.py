@@ -80,20 +80,20 @@ def assign_stages(module: nn.Module, num_stages: int) -> list[int]:
 
 
 def _planned_stages(module: nn.Module, units: list[tuple[str, nn.Module, str]], num_stages: int) -> list[int]:
-    from strategies.device_map import plan_device_map
+    # The memory planner's split (strategies.pipeline_stages), so `trainer estimate-memory` predicts this one.
+    from strategies.pipeline_stages import auto_boundaries, module_stages
 
     unit_types = tuple({type(owner._modules[key]) for _, owner, key in units})
-    plan = plan_device_map(module, list(range(num_stages)), no_split=unit_types)
-    stages = []
-    for name, _, _ in units:
-        key = max((k for k in plan if k == "" or name == k or name.startswith(k + ".")), key=len, default=None)
-        stages.append(stages[-1] if key is None and stages else plan.get(key, 0))
-    empty = [s for s in range(num_stages) if s not in stages]
-    if empty or stages != sorted(stages):
+    try:
+        boundaries = auto_boundaries(module, num_stages, no_split=unit_types)
+        of_module = module_stages(module, boundaries)
+        stages = [of_module[name] for name, _, _ in units]
+    except ConfigurationError:
+        stages = []
+    if sorted(set(stages)) != list(range(num_stages)) or stages != sorted(stages):
         raise ConfigurationError(
             f"The planner could not give each of the {num_stages} pipeline stages whole units of "
-            f"{[name for name, _, _ in units]} (stages {empty} would be empty). Use fewer stages, or set "
-            "pipeline_split_points on the module."
+            f"{[name for name, _, _ in units]}. Use fewer stages, or set pipeline_split_points on the module."
         )
     return stages
 

@@ -24,7 +24,8 @@ from strategies.device_map import plan_device_map, tensor_devices
 from strategies.pipeline_stages import auto_boundaries, parameter_stages
 from strategies.tp_plan import megatron_plan, resolve_tp_plan, tp_shard_dims
 from test_ddp_processes import RUN_TIMEOUT_S, clean_env
-from trainer.memory import Layout, estimate, estimate_layout
+from strategies.mesh import MeshLayout, resolve_layout
+from trainer.memory import estimate, estimate_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -75,7 +76,7 @@ def test_sharding_divides_the_parameters_by_the_model_parallel_degree():
         model = nanogpt.GPT2XL()
     whole = sum(p.numel() for p in model.parameters()) * 4
     assert whole == 1_557_611_200 * 4  # GPT-2 XL with tied embeddings
-    for layout in (Layout(dp_shard=8), Layout(dp_shard=4, tp=2), Layout(tp=8), Layout(dp_shard=2, pp=4)):
+    for layout in (MeshLayout(dp_shard=8), MeshLayout(dp_shard=4, tp=2), MeshLayout(tp=8), MeshLayout(dp_shard=2, pp=4)):
         plan = estimate_layout(model, layout, tp_plan="megatron", auto_wrap_policy={nanogpt.Block})
         share = plan.peak.parameters / whole
         # TP replicates norms, biases and position embeddings; PP stages hold whole blocks (and the tied copy)
@@ -108,7 +109,7 @@ def test_pipeline_stages_each_hold_a_copy_of_a_weight_tied_across_them():
     model = nanogpt.GPT2Tiny()
     stages = parameter_stages(model, ["transformer.h.2"])
     assert stages["transformer.wte.weight"] == 0 and stages["lm_head.weight"] == 1
-    plan = estimate_layout(model, Layout(pp=2), pipeline=["transformer.h.2"], optimizer="sgd")
+    plan = estimate_layout(model, MeshLayout(pp=2), pipeline=["transformer.h.2"], optimizer="sgd")
     embedding = model.lm_head.weight.numel() * 4
     first = sum(p.numel() * 4 for n, p in model.named_parameters() if stages[n] == 0)
     assert plan.devices[0].parameters == first
@@ -140,10 +141,10 @@ def test_plan_misuse_is_named():
     with pytest.raises(ConfigurationError, match="nn.Linear and nn.Embedding only"):
         tp_shard_dims(model, resolve_tp_plan(model, {"transformer.ln_f": ColwiseParallel()}))
     with pytest.raises(ConfigurationError, match="tp=2 needs a tensor-parallel plan"):
-        estimate_layout(model, Layout(tp=2))
+        estimate_layout(model, MeshLayout(tp=2))
     with pytest.raises(ConfigurationError, match=r"dp_shard=3 × tp=2 = 6 does not divide the 4 processes"):
-        Layout.resolve(4, dp_shard=3, tp=2)
-    assert Layout.resolve(8, tp=2, pp=2) == Layout(dp_shard=2, tp=2, pp=2)
+        resolve_layout(4, dp_shard=3, tp=2)
+    assert resolve_layout(8, dp_shard=-1, tp=2, pp=2) == MeshLayout(dp_shard=2, tp=2, pp=2)
     with pytest.raises(ConfigurationError, match="in the order the modules are registered"):
         parameter_stages(model, ["transformer.h.2", "transformer.h.1"])
 
@@ -153,7 +154,7 @@ def test_automatic_pipeline_split_keeps_blocks_whole_and_balances_bytes():
         model = nanogpt.GPT2XL()
     boundaries = auto_boundaries(model, 4, (nanogpt.Block,))
     assert all(b.startswith("transformer.h.") and b.count(".") == 2 for b in boundaries), boundaries
-    plan = estimate_layout(model, Layout(pp=4), pipeline=boundaries, optimizer="sgd")
+    plan = estimate_layout(model, MeshLayout(pp=4), pipeline=boundaries, optimizer="sgd")
     sizes = [d.parameters for d in plan.devices]
     assert max(sizes) / min(sizes) < 1.25, sizes  # the last stage also holds the tied head's copy
 
@@ -173,8 +174,8 @@ def test_tensor_parallel_shards_activations_between_the_colwise_and_rowwise_line
 
     x = torch.zeros(4, 8)
     plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
-    whole = estimate_layout(_Mlp(), Layout(), example_input=x).devices[0].activations
-    split = estimate_layout(_Mlp(), Layout(tp=2), tp_plan=plan, example_input=x).devices[0].activations
+    whole = estimate_layout(_Mlp(), MeshLayout(), example_input=x).devices[0].activations
+    split = estimate_layout(_Mlp(), MeshLayout(tp=2), tp_plan=plan, example_input=x).devices[0].activations
     up_and_act, down = 2 * 4 * 32 * 4, 4 * 8 * 4
     assert whole == up_and_act + down and split == up_and_act // 2 + down
 
@@ -182,8 +183,8 @@ def test_tensor_parallel_shards_activations_between_the_colwise_and_rowwise_line
 def test_pipeline_stages_hold_the_micro_batches_their_schedule_keeps_in_flight():
     model, x = nanogpt.GPT2Tiny(), nanogpt.GPT2Tiny().example_input_array
     kwargs = dict(pipeline=["transformer.h.2"], example_input=x, microbatches=4)
-    one_f_one_b = estimate_layout(model, Layout(pp=2), **kwargs).devices
-    gpipe = estimate_layout(model, Layout(pp=2), schedule="GPipe", **kwargs).devices
+    one_f_one_b = estimate_layout(model, MeshLayout(pp=2), **kwargs).devices
+    gpipe = estimate_layout(model, MeshLayout(pp=2), schedule="GPipe", **kwargs).devices
     assert [d.in_flight for d in one_f_one_b] == [2, 1] and [d.in_flight for d in gpipe] == [4, 4]
     for device in one_f_one_b + gpipe:
         assert device.activations == device.in_flight * device.activations_per_microbatch

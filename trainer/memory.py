@@ -2,7 +2,7 @@
 
 ``estimate(module, strategy="fsdp", world_size=8, precision="bf16-mixed", optimizer="adam")`` returns a
 :class:`MemoryEstimate` with one :class:`DeviceMemory` per rank (per device for ``"model_parallel"``);
-``estimate_layout(module, Layout(dp_shard=4, tp=2), tp_plan=..., pipeline=...)`` does the same for a layout of
+``estimate_layout(module, MeshLayout(dp_shard=4, tp=2), tp_plan=..., pipeline=...)`` does the same for a layout of
 data parallel (replicated and sharded), tensor parallel and pipeline parallel sizes on one device mesh.
 
 - ``parameters``, ``gradients``, ``optimizer_state``: the bytes of the tensors that persist between steps,
@@ -56,13 +56,13 @@ from torch import Tensor, nn
 from strategies.device_map import format_bytes, parse_bytes, plan_device_map, tensor_devices
 from strategies.errors import ConfigurationError
 from strategies.fsdp import check_wrap_policy, wrap_targets
+from strategies.mesh import MeshLayout, resolve_layout
 from strategies.pipeline_stages import auto_boundaries, module_stages, parameter_stages
 from strategies.precision import canonical_precision
 from strategies.sharded_optimizer import BUCKET_BYTES, chunk_rows
 from strategies.tp_plan import block_modules, megatron_plan, replicated_gradients, resolve_tp_plan, tp_shard_dims
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "model_parallel")
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # outermost first: a rank's coordinates, as torchtitan orders them
 SCHEDULES = ("1F1B", "GPipe")
 HEADROOM = 0.9  # a plan "fits" when it needs at most this share of a device (allocator, buffers, fragmentation)
 _HALF = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
@@ -98,7 +98,7 @@ class MemoryEstimate:
     precision: str
     optimizer: str
     devices: list[DeviceMemory] = field(default_factory=list)
-    layout: Optional["Layout"] = None
+    layout: Optional["MeshLayout"] = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -109,61 +109,6 @@ class MemoryEstimate:
     def fits(self, device_memory: Union[int, str]) -> bool:
         """Whether the busiest device stays within ``HEADROOM`` of ``device_memory``."""
         return self.peak.total <= HEADROOM * parse_bytes(device_memory, "device_memory")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Sizes of the dimensions of one device mesh: replicated data parallel (DDP/HSDP replicas), sharded data
-    parallel (FSDP2), tensor parallel and pipeline parallel. Ranks are numbered with ``pp`` outermost and
-    ``tp`` innermost (``MESH_DIMS``), so the ``tp`` ranks of a group are neighbours (one node's NVLink)."""
-
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-
-    def __post_init__(self) -> None:
-        for dim in MESH_DIMS:
-            value = getattr(self, dim)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"Layout({dim}={value!r}): each size must be a positive int.")
-
-    @classmethod
-    def resolve(cls, world_size: int, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1, pp: int = 1) -> "Layout":
-        """The layout for ``world_size`` ranks; one size may be ``-1`` (whatever the others leave)."""
-        sizes = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp}
-        auto = [dim for dim, size in sizes.items() if size == -1]
-        if len(auto) > 1:
-            raise ConfigurationError(f"Only one of {auto} may be -1 (auto); give the others.")
-        given = math.prod(size for size in sizes.values() if size != -1)
-        described = " × ".join(f"{d}={s}" for d, s in sizes.items() if s not in (1, -1)) or "1"
-        if world_size % given or (not auto and given != world_size):
-            raise ConfigurationError(
-                f"{described} = {given} does not {'divide' if world_size % given else 'equal'} the {world_size} processes. Choose "
-                "sizes whose product is the world size (one of them may be -1 for the rest)."
-            )
-        if auto:
-            sizes[auto[0]] = world_size // given
-        return cls(**sizes)
-
-    @property
-    def world_size(self) -> int:
-        """The product of the sizes."""
-        return self.dp_replicate * self.dp_shard * self.tp * self.pp
-
-    @property
-    def name(self) -> str:
-        """``"dp_shard=4 tp=2"``: the sizes above 1."""
-        return " ".join(f"{dim}={getattr(self, dim)}" for dim in ("dp_replicate", "dp_shard", "tp", "pp")
-                        if getattr(self, dim) > 1) or "single"  # fmt: skip
-
-    def coordinates(self, rank: int) -> dict[str, int]:
-        """Rank ``rank``'s index along each mesh dimension."""
-        coords = {}
-        for dim in reversed(MESH_DIMS):
-            size = getattr(self, dim)
-            coords[dim], rank = rank % size, rank // size
-        return coords
 
 
 # ---------------------------------------------------------------------------------------------- optimizers
@@ -224,7 +169,7 @@ class _Split:
     notes: list[str]
 
 
-def _split(module: nn.Module, layout: Layout, tp_plan: Any, pipeline: Any, policy: Any) -> _Split:
+def _split(module: nn.Module, layout: MeshLayout, tp_plan: Any, pipeline: Any, policy: Any) -> _Split:
     named = list(module.named_parameters(remove_duplicate=False))
     notes: list[str] = []
     plan: dict[str, Any] = {}
@@ -298,7 +243,7 @@ def _local_shape(shape: torch.Size, dim: Optional[int], tp: int, tp_rank: int) -
     return local
 
 
-def _rank_memory(split: _Split, layout: Layout, coords: dict[str, int], size: dict[int, int], states: int,
+def _rank_memory(split: _Split, layout: MeshLayout, coords: dict[str, int], size: dict[int, int], states: int,
                  scalar: int, zero1: bool) -> DeviceMemory:  # fmt: skip
     """Persistent bytes of one rank: its stage's tensors, split by TP, then by FSDP (or ZeRO-1's state slices)."""
     device = DeviceMemory()
@@ -331,7 +276,7 @@ def _rank_memory(split: _Split, layout: Layout, coords: dict[str, int], size: di
     return device
 
 
-def _working(module: nn.Module, split: _Split, layout: Layout, coords: dict[str, int], device: DeviceMemory,
+def _working(module: nn.Module, split: _Split, layout: MeshLayout, coords: dict[str, int], device: DeviceMemory,
              size: dict[int, int], compute: Optional[int], kind: str, policy: Any) -> int:  # fmt: skip
     """Transient bytes: ``kind`` is "buckets" (DDP), "zero1", "all" (ZeRO-2: everything gathered) or "units" (FSDP)."""
     tensors = split.stage_tensors[coords["pp"]]
@@ -353,7 +298,7 @@ def _working(module: nn.Module, split: _Split, layout: Layout, coords: dict[str,
     return sum(sorted(units, reverse=True)[:2])
 
 
-def _devices(module: nn.Module, layout: Layout, split: _Split, precision: str, optimizer: Any, policy: Any,
+def _devices(module: nn.Module, layout: MeshLayout, split: _Split, precision: str, optimizer: Any, policy: Any,
              zero1: bool = False, working: Optional[str] = None) -> tuple[list[DeviceMemory], str]:  # fmt: skip
     states, scalar, optimizer_name = optimizer_states(optimizer)
     size = {id(p): _itemsize(p, precision) for p in module.parameters()}
@@ -404,7 +349,7 @@ def estimate(
         return MemoryEstimate(strategy, world_size, precision, optimizer_name, devices,
                               notes=_tied_notes(module, plan))  # fmt: skip
     sharded = strategy in ("zero2", "fsdp")
-    layout = Layout(dp_shard=world_size) if sharded else Layout(dp_replicate=world_size)
+    layout = MeshLayout(dp_shard=world_size) if sharded else MeshLayout(dp_replicate=world_size)
     split = _split(module, layout, None, None, auto_wrap_policy)
     working = {"ddp": "buckets", "zero1": "zero1", "zero2": "all", "fsdp": "units"}[strategy]
     devices, optimizer_name = _devices(module, layout, split, precision, optimizer, auto_wrap_policy,
@@ -418,7 +363,7 @@ def estimate(
 
 def estimate_layout(
     module: nn.Module,
-    layout: Layout,
+    layout: MeshLayout,
     tp_plan: Any = None,
     pipeline: Union[None, str, Sequence[str]] = None,
     precision: Any = "32-true",
@@ -440,8 +385,8 @@ def estimate_layout(
         example_input: one micro-batch of one data-parallel rank, for the activations.
         microbatches: micro-batches per step (default ``pp``); ``schedule``: ``"1F1B"`` or ``"GPipe"``.
     """
-    if not isinstance(layout, Layout):
-        raise ConfigurationError(f"layout={layout!r} must be a trainer.memory.Layout, e.g. Layout(dp_shard=4, tp=2).")
+    if not isinstance(layout, MeshLayout):
+        raise ConfigurationError(f"layout={layout!r} must be a strategies.mesh.MeshLayout, e.g. MeshLayout(dp_shard=4, tp=2).")
     precision = canonical_precision(precision)
     names = {s.lower(): s for s in SCHEDULES}
     if str(schedule).lower() not in names:
@@ -531,7 +476,7 @@ def _leaf_outputs(module: nn.Module, example_input: Any) -> list[tuple[str, int]
     return per_leaf
 
 
-def _stage_activations(module: nn.Module, example_input: Any, split: _Split, layout: Layout, scale: float) -> list[int]:
+def _stage_activations(module: nn.Module, example_input: Any, split: _Split, layout: MeshLayout, scale: float) -> list[int]:
     """Per stage, the bytes of one micro-batch's leaf outputs. Under the TP plan an output is split over tp
     from a colwise Linear (sharded output) on, through the leaves after it, up to a rowwise one that replicates
     its output again; a sequence-parallel module's output and a rowwise one with a sharded output are split too."""
@@ -644,14 +589,14 @@ def _notes_text(estimates: Sequence[MemoryEstimate]) -> str:
 
 
 def layouts_for(world_size: int, dp_replicate: Sequence[int] = (1,), dp_shard: Sequence[int] = (-1,),
-                tp: Sequence[int] = (1,), pp: Sequence[int] = (1,)) -> list[Layout]:  # fmt: skip
+                tp: Sequence[int] = (1,), pp: Sequence[int] = (1,)) -> list[MeshLayout]:  # fmt: skip
     """Every combination of the given sizes that makes ``world_size`` ranks (one size list may hold -1: the rest).
     A single combination that does not fit raises, naming the sizes."""
     combos = list(itertools.product(dp_replicate, dp_shard, tp, pp))
     layouts = []
     for r, s, t, p in combos:
         try:
-            layouts.append(Layout.resolve(world_size, r, s, t, p))
+            layouts.append(resolve_layout(world_size, dp_replicate=r, dp_shard=s, tp=t, pp=p))
         except ConfigurationError:
             if len(combos) == 1:
                 raise
@@ -660,7 +605,7 @@ def layouts_for(world_size: int, dp_replicate: Sequence[int] = (1,), dp_shard: S
     return sorted(dict.fromkeys(layouts), key=lambda l: (l.tp * l.pp, l.tp, l.pp, l.dp_replicate))
 
 
-def layout_report(module: nn.Module, layouts: Sequence[Layout], device_memory: Union[None, int, str] = None,
+def layout_report(module: nn.Module, layouts: Sequence[MeshLayout], device_memory: Union[None, int, str] = None,
                   **kwargs: Any) -> str:  # fmt: skip
     """The table for every layout (arguments of :func:`estimate_layout`), its notes, and a recommendation when
     ``device_memory`` is given: of the layouts that fit, the one with the least tensor and pipeline

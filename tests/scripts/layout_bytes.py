@@ -30,13 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sharded_train import allocated_bytes  # noqa: E402
 from strategies.sharded_checkpoint import is_dtensor  # noqa: E402
 from strategies.tp_plan import megatron_plan  # noqa: E402
-from trainer.memory import Layout, estimate_layout  # noqa: E402
+from strategies.mesh import MeshLayout  # noqa: E402
+from trainer.memory import estimate_layout  # noqa: E402
 
 VOCAB, WIDTH, HEADS, CONTEXT, BLOCKS = 50, 16, 4, 8, 3  # vocab 50: uneven over 4 (13, 13, 13, 11) and FSDP-padded
 BATCH, MICROBATCHES = 4, 2
 BOUNDARIES = ["transformer.h.2"]  # pipeline stage 1 begins at the last block
-LAYOUTS = [Layout(dp_shard=4), Layout(dp_replicate=2, dp_shard=2), Layout(dp_shard=2, tp=2), Layout(tp=4),
-           Layout(dp_shard=2, pp=2), Layout(tp=2, pp=2)]  # fmt: skip
+LAYOUTS = [MeshLayout(dp_shard=4), MeshLayout(dp_replicate=2, dp_shard=2), MeshLayout(dp_shard=2, tp=2), MeshLayout(tp=4),
+           MeshLayout(dp_shard=2, pp=2), MeshLayout(tp=2, pp=2)]  # fmt: skip
 HANG_DUMP_S = 120
 
 
@@ -107,7 +108,7 @@ def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def build_and_step(layout: Layout, rank: int) -> dict[str, int]:
+def build_and_step(layout: MeshLayout, rank: int) -> dict[str, int]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate

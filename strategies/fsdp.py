@@ -157,6 +157,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         self.state_dict_type = check_state_dict_type(state_dict_type)
         self.sync_module_states = bool(sync_module_states)
         self._root: Optional[_Root] = None
+        self._units: list[nn.Module] = []  # the FSDP units below the root, children first
         self._steps: dict[str, ForwardRedirection] = {}
         self._optimizers: list[Optimizer] = []
 
@@ -184,13 +185,22 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
         options = dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=self._mp_policy(),
                        offload_policy=self._offload_policy())  # fmt: skip
-        for target in wrap_targets(module, self.auto_wrap_policy):
+        self._units = wrap_targets(module, self.auto_wrap_policy)
+        for target in self._units:
             fully_shard(target, **options)
         root = _Root(module)
         fully_shard(root, **options)
         self.module, self.model, self._root = module, root, root
         self._steps = {}
         return root
+
+    def compile_module(self, module: nn.Module, options: dict[str, Any]) -> None:
+        """Compile each FSDP unit's forward on its own (as torchtitan does), FSDP's hooks eager around them; without
+        units below the root, the module's forward."""
+        from strategies.compile import compile_forward
+
+        for unit in self._units or [module]:
+            compile_forward(unit, options)
 
     def _mp_policy(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy

@@ -120,6 +120,13 @@ class Strategy:
         self.model = self.module
         return self.model
 
+    def compile_module(self, module: nn.Module, options: dict[str, Any]) -> None:
+        """``torch.compile`` a module this strategy set up, in place, where its wrapper needs it (here: the module's
+        forward; see :mod:`strategies.compile`). ``options`` are ``torch.compile``'s keyword arguments."""
+        from strategies.compile import compile_forward
+
+        compile_forward(module, options)
+
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         """Wrap or shard optimizers (identity here)."""
         self._clip_params.clear()

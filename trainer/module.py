@@ -143,6 +143,11 @@ class TrainModule(nn.Module):
         """Prediction data, used when none is passed to ``predict``."""
         return None
 
+    def tokens_in_batch(self, batch: Any) -> Optional[int]:
+        """Tokens a training batch holds, for ``ThroughputMonitor``'s tokens/s (``None``: not a token model).
+        E.g. ``return batch[0].numel()`` for ``(ids, targets)`` batches of shape (batch, context)."""
+        return None
+
     # ------------------------------------------------------------------ hooks (no-ops)
     def setup(self, stage: str) -> None:
         """Called at the start of fit/validate/test/predict on every process (``stage`` names which)."""

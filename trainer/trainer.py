@@ -15,6 +15,8 @@ import torch
 from callbacks.callback import Callback
 from loggers.logger import Logger
 from strategies.connector import build_strategy
+from strategies.activation_checkpointing import apply_activation_checkpointing, check_block_classes
+from strategies.compile import check_compile
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_warn
 from strategies.strategy import Strategy
@@ -26,6 +28,7 @@ from trainer.datamodule import DataModule
 from trainer.distributed_data import balance_training_batches
 from trainer.faults import FaultMonitor
 from trainer.hooks import HookDispatcher, overrides
+from trainer.instrumentation import Instrumentation
 from trainer.launch_defaults import with_launch_defaults
 from trainer.logged_metrics import ResultCollection
 from trainer.metrics_connector import MetricsConnector, print_eval_results
@@ -35,6 +38,7 @@ from trainer.loops.optimization import AutomaticOptimization, ManualOptimization
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module import TrainModule
 from trainer.optimizers import SchedulerConfig, parse_optimizers
+from trainer.profiler import Profiler, build_profiler
 from trainer.seed import isolated_rng, seed_everything
 from trainer.spawned import run_spawned
 
@@ -87,6 +91,9 @@ class Trainer:
         seed: Optional[int] = None,
         on_nonfinite_loss: Optional[str] = None,
         stop_signals: Any = ("SIGTERM", "SIGINT"),
+        compile: Union[bool, dict[str, Any], None] = None,
+        activation_checkpointing: Union[str, type, list[Union[str, type]], None] = None,
+        profiler: Union[str, Profiler, None] = None,
     ) -> None:
         settings = validate_arguments(dict(
             max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps, limit_train_batches=limit_train_batches,
@@ -104,6 +111,9 @@ class Trainer:
         self.enable_checkpointing = bool(enable_checkpointing)
         self.enable_progress_bar = bool(enable_progress_bar)
         self.enable_model_summary = bool(enable_model_summary)
+        self.compile = check_compile(compile)
+        self.activation_checkpointing = check_block_classes(activation_checkpointing)
+        self.profiler: Optional[Profiler] = build_profiler(profiler)
         if seed is not None:
             seed_everything(seed)
         self.strategy: Strategy = build_strategy(accelerator, devices, num_nodes, strategy, precision)
@@ -228,7 +238,7 @@ class Trainer:
                   datamodule: Optional[DataModule], ckpt_path: Any) -> None:  # fmt: skip
         with self._stage("fit", model, datamodule):
             self._setup_fit_data(model, train_dataloaders, val_dataloaders, datamodule)
-            self.strategy.setup_module(model)
+            self._setup_module(model)
             self._setup_optimizers(model)
             self.should_stop = False
             if ckpt_path is None:
@@ -265,7 +275,7 @@ class Trainer:
             limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
             limits = [data_utils.limited_batches(dl, limit, f"limit_{'val' if stage == 'validate' else 'test'}_batches")
                       for dl in loaders]  # fmt: skip
-            self.strategy.setup_module(model)
+            self._setup_module(model)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
             results = self._metrics.new_collection(stage)
@@ -280,7 +290,7 @@ class Trainer:
         with self._stage("predict", model, datamodule):
             loaders = self._eval_loaders(dataloaders, datamodule, model, "predict_dataloader", "predict(dataloaders=...)")
             limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
-            self.strategy.setup_module(model)
+            self._setup_module(model)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
             return PredictionLoop(self).run(loaders, limits, return_predictions)
@@ -296,6 +306,7 @@ class Trainer:
             self.datamodule = datamodule
             datamodule.trainer = self
         self._hooks = HookDispatcher(self._callbacks_with(model), model)
+        profiling = Instrumentation.attach(self, stage) if self.profiler is not None else None
         finished = False
         try:
             if datamodule is not None:
@@ -317,6 +328,8 @@ class Trainer:
                 datamodule.teardown(stage)
             self._results = None
             self.state_stage = None
+            if profiling is not None:
+                profiling.detach(stage)
             if finished:  # after a failure a peer may be gone: leave the process group to the launcher
                 self.strategy.teardown()
 
@@ -372,6 +385,15 @@ class Trainer:
         for loader in loaders:
             data_utils.check_iterable(loader, argument)
         return [data_utils.prepare_loader(dl, sampler_kwargs, training, self.use_distributed_sampler) for dl in loaders]
+
+    def _setup_module(self, model: TrainModule) -> None:
+        """Activation checkpointing, the strategy's placing and wrapping, then ``compile`` where the wrapper needs it."""
+        if self.activation_checkpointing:
+            apply_activation_checkpointing(model, self.activation_checkpointing)
+        self.strategy.setup_module(model)
+        if self.compile is not None:
+            module = self.strategy.module if self.strategy.module is not None else model
+            self.strategy.compile_module(module, self.compile)
 
     def _setup_optimizers(self, model: TrainModule) -> None:
         optimizers, schedulers = parse_optimizers(model.configure_optimizers())

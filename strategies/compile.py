@@ -105,7 +105,8 @@ def compile_forward(module: nn.Module, options: dict[str, Any]) -> None:
         if current.options == options:
             return
         current = current.inner
-    if current is None and type(module).forward is nn.Module.forward:
+    forward = type(module).forward
+    if current is None and (forward is nn.Module.forward or getattr(forward, "_not_implemented", False)):
         raise ConfigurationError(
             f"compile compiles the module's forward, but {type(module).__name__} defines none, so nothing would be "
             "compiled. Define forward() and call self(x) in the steps, or compile submodules yourself "

@@ -60,6 +60,7 @@ class Strategy:
         self.model: Optional[nn.Module] = None  # what runs the forward (may be a DDP/DP wrapper)
         self.launcher: Any = None
         self._clip_params: dict[int, list[Tensor]] = {}
+        self._cuda_copy: Any = None  # a SideStreamCopy, made at the first CUDA batch
 
     def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
         """Fill in what the user did not set on this instance: devices, node count, precision plugin.
@@ -133,9 +134,17 @@ class Strategy:
         return optimizers
 
     def batch_to_device(self, batch: Any) -> Any:
-        """Move a batch to this process's device and convert it for the precision."""
+        """Move a batch to this process's device and convert it for the precision. On CUDA the copy runs on a
+        side stream (:mod:`strategies.cuda_copy`); on the CPU the batch is returned as it is."""
         device = self.root_device
-        if device.type != "cpu":  # batches from a DataLoader are already on the CPU
+        if device.type == "cuda":
+            copy = self._cuda_copy
+            if copy is None or copy.device != device:
+                from strategies.cuda_copy import SideStreamCopy
+
+                copy = self._cuda_copy = SideStreamCopy(device)
+            batch = copy(batch)
+        elif device.type != "cpu":  # batches from a DataLoader are already on the CPU
             batch = move_to_device(batch, device)
         if self.precision.converts_input:
             batch = self.precision.convert_input(batch)

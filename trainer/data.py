@@ -93,12 +93,16 @@ def limited_batches(loader: Any, limit: Optional[Number], name: str) -> float:
     return batches
 
 
-def prepare_loader(loader: Any, sampler_kwargs: Optional[dict[str, int]], training: bool, enabled: bool) -> Any:
+def prepare_loader(loader: Any, sampler_kwargs: Optional[dict[str, int]], training: bool, enabled: bool,
+                   pin_memory: bool = False) -> Any:  # fmt: skip
     """Return ``loader`` ready for this process: split across ranks when the strategy is distributed.
 
     With one process (``sampler_kwargs is None``) or ``use_distributed_sampler=False`` the loader is
-    returned untouched.
+    returned untouched, except that ``pin_memory=True`` (training on CUDA) turns on a DataLoader's
+    ``pin_memory``, so batches come in page-locked memory and copy to the GPU without blocking the host.
     """
+    if pin_memory and isinstance(loader, DataLoader) and not loader.pin_memory:
+        loader.pin_memory = True
     if not enabled or sampler_kwargs is None or not isinstance(loader, DataLoader):
         return loader
     from trainer.distributed_data import distribute_loader

@@ -279,7 +279,8 @@ class Engine:
         return runner
 
     def _prepare_loader(self, loader: DataLoader, training: bool) -> EngineDataLoader:
-        split = prepare_loader(loader, self.strategy.distributed_sampler_kwargs, training, self.use_distributed_sampler)
+        split = prepare_loader(loader, self.strategy.distributed_sampler_kwargs, training, self.use_distributed_sampler,
+                               self.strategy.root_device.type == "cuda")  # fmt: skip
         prepared = EngineDataLoader(split, self.strategy, self._window if training else None, self._loader_state)
         self._loaders.append(prepared)
         return prepared

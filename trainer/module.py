@@ -98,6 +98,8 @@ class TrainModule(nn.Module):
         """Inference forward; ``predict_step`` calls it by default."""
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented.")
 
+    forward._not_implemented = True  # type: ignore[attr-defined]  # compile= refuses a module without its own forward
+
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         """Return a loss tensor, a dict with key ``"loss"``, or ``None`` to skip this batch's optimizer step."""
         raise NotImplementedError(f"{type(self).__name__} must implement training_step(batch, batch_idx).")

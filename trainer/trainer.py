@@ -384,7 +384,8 @@ class Trainer:
         sampler_kwargs = self.strategy.distributed_sampler_kwargs
         for loader in loaders:
             data_utils.check_iterable(loader, argument)
-        return [data_utils.prepare_loader(dl, sampler_kwargs, training, self.use_distributed_sampler) for dl in loaders]
+        pin = self.strategy.root_device.type == "cuda"
+        return [data_utils.prepare_loader(dl, sampler_kwargs, training, self.use_distributed_sampler, pin) for dl in loaders]
 
     def _setup_module(self, model: TrainModule) -> None:
         """Activation checkpointing, the strategy's placing and wrapping, then ``compile`` where the wrapper needs it."""

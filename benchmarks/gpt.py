@@ -249,7 +249,8 @@ def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--dry-run", action="store_true", help="tiny model, few steps, CPU, aot_eager backend")
-    parser.add_argument("--precisions", nargs="+", help="default: 32-true on the CPU, bf16-mixed 16-mixed on a GPU")
+    parser.add_argument("--precisions", nargs="+",
+                        help="default: bf16-mixed and 16-mixed on a GPU, 32-true on the CPU (and 16-mixed in --dry-run)")
     parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
     parser.add_argument("--backend", default=None, help="torch.compile backend (default inductor; aot_eager in --dry-run)")
     parser.add_argument("--repeats", type=int, help="rounds of (hand-written, Trainer) per row")
@@ -266,7 +267,8 @@ def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
         raise SystemExit("--size gpu needs a CUDA GPU; none is visible (torch.cuda.is_available() is False).")
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    precisions = args.precisions or (["bf16-mixed", "16-mixed"] if device.type == "cuda" else ["32-true"])
+    precisions = args.precisions or (["bf16-mixed", "16-mixed"] if device.type == "cuda" else
+                                     ["32-true", "16-mixed"] if args.dry_run else ["32-true"])  # fmt: skip
     backend = args.backend or ("aot_eager" if args.dry_run else None)
     compiled = {"backend": backend} if backend else {}
     ids, vocab = corpus_ids()

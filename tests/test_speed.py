@@ -444,3 +444,11 @@ def test_gpt_benchmark_dry_run_on_the_cpu(tmp_path):
                          capture_output=True, text=True, timeout=240, env=clean_env())  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Trainer/hand-written" in out.stdout and "compiled/eager" in out.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the advice given on a machine without a GPU")
+def test_gpu_check_stops_with_advice_where_there_is_no_gpu():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "check_gpu.py")], capture_output=True, text=True,
+                         timeout=120, env=clean_env())  # fmt: skip
+    assert out.returncode == 1
+    assert "sees no CUDA GPU" in out.stdout and "GPU_PYTHON" in out.stdout

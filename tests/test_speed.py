@@ -388,6 +388,13 @@ def test_activation_checkpointing_under_ddp_and_fsdp2_with_compiled_blocks_train
         assert_same(rank["fsdp_checkpointed_compiled"], rank["fsdp"])
         assert rank["fsdp_compiled_blocks"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
         assert rank["fsdp_compiled_frames"] > 0
+        # Per sample: 2 FLOPs per weight forward, 4 backward, less the first layer's input gradient (the data
+        # needs none). Checkpointing recomputes each block's `up` layer: the recompute stops once it has what
+        # backward needs (the tanh output is `down`'s input). Batches of 4 on each rank.
+        blocks, head = 4 * 2 * 128 * 512, 128
+        plain = 4 * (6 * (blocks + head) - 2 * 128 * 512)
+        assert rank["fsdp_flops"] == pytest.approx(plain, rel=0.01)
+        assert rank["ddp_checkpointed_flops"] == pytest.approx(plain + 4 * 2 * (blocks // 2), rel=0.01)
 
 
 @pytest.mark.timeout(400)

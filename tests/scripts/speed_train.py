@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from callbacks import Callback  # noqa: E402
+from callbacks import Callback, ThroughputMonitor  # noqa: E402
 from strategies import DDPStrategy, FSDPStrategy  # noqa: E402
 from trainer import Trainer, TrainModule  # noqa: E402
 from trainer.profiler import PyTorchProfiler  # noqa: E402
@@ -132,12 +132,15 @@ def main() -> None:
     report["ddp_subgraphs"] = backend.frame_count
     report["ddp_graphs_after_validation"] = counts.after_validation
     report["ddp_graphs_at_end"] = counts.at_end
-    trainer, module = fit("ddp", activation_checkpointing=["Block"])
+    monitor = ThroughputMonitor(peak_flops=1e12)  # FLOPs counted through DDP's hooks and checkpoint recomputes
+    trainer, module = fit("ddp", activation_checkpointing=["Block"], callbacks=[monitor])
     report["ddp_checkpointed"] = weights(trainer, module)
+    report["ddp_checkpointed_flops"] = monitor.flops_per_batch
 
-    units = FSDPStrategy(auto_wrap_policy={Block})
-    trainer, module = fit(units)
+    monitor = ThroughputMonitor(peak_flops=1e12)  # ... and through FSDP2's all-gathers and DTensor optimizer step
+    trainer, module = fit(FSDPStrategy(auto_wrap_policy={Block}), callbacks=[monitor])
     report["fsdp"] = weights(trainer, module)
+    report["fsdp_flops"] = monitor.flops_per_batch
     backend = CompileCounterWithBackend("aot_eager")
     trainer, module = fit(FSDPStrategy(auto_wrap_policy={Block}), activation_checkpointing=["Block"],
                           compile={"backend": backend})  # fmt: skip

@@ -170,6 +170,7 @@ class ThroughputMonitor(Callback):
             self._segment_start = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        self._stop_counting()  # the first batch ended its epoch without a batch end (on_train_batch_start gave -1)
         self._close_segment()
         self._in_epoch = False
         self._check_bottleneck(trainer)

@@ -104,6 +104,7 @@ class SimpleProfiler(Profiler):
         while self._stack:  # a failure left phases open
             self.stop(self._stack[-1][0])
         self.results = {name: (int(calls), total) for name, (calls, total) in self._totals.items()}
+        self._sync = None  # keeps the profiler picklable (ddp_spawn sends the Trainer to each stage's processes)
 
     def total_time(self) -> float:
         """Seconds of the stage's loop: the sum of every row."""

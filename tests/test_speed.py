@@ -386,7 +386,7 @@ def test_activation_checkpointing_under_ddp_and_fsdp2_with_compiled_blocks_train
         assert_same(rank["ddp_checkpointed"], rank["ddp"])
         assert_same(rank["fsdp"], rank["ddp"])
         assert_same(rank["fsdp_checkpointed_compiled"], rank["fsdp"])
-        assert rank["fsdp_compiled_blocks"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+        assert rank["fsdp_compiled_blocks"] == ["net.0", "net.1", "net.2", "net.3"]
         assert rank["fsdp_compiled_frames"] > 0
         # Per sample: 2 FLOPs per weight forward, 4 backward, less the first layer's input gradient (the data
         # needs none). Checkpointing recomputes each block's `up` layer: the recompute stops once it has what
@@ -430,6 +430,26 @@ def test_cuda_batches_are_copied_on_a_side_stream_and_match_the_host_data(tmp_pa
     data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
     trainer.fit(Regressor(), data)
     assert trainer.train_dataloader.pin_memory
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA allocator's figures need one")
+def test_activation_checkpointing_halves_the_cuda_memory_a_forward_keeps():
+    def kept_by_forward(checkpointed: bool) -> int:
+        torch.manual_seed(0)
+        model = nn.Sequential(*(Block(1024) for _ in range(4))).cuda()
+        if checkpointed:
+            apply_activation_checkpointing(model, ["Block"])
+        x = torch.randn(256, 1024, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        loss = model(x).sum()  # what the forward keeps for backward stays allocated until it runs
+        kept = torch.cuda.memory_allocated() - base
+        loss.backward()
+        return kept
+
+    assert kept_by_forward(False) >= 2 * kept_by_forward(True)
 
 
 @pytest.mark.cuda

@@ -17,10 +17,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for helpers
 
 from callbacks import Callback, ThroughputMonitor  # noqa: E402
 from strategies import DDPStrategy, FSDPStrategy  # noqa: E402
-from trainer import Trainer, TrainModule  # noqa: E402
+from helpers import Regressor  # noqa: E402
+from trainer import Trainer  # noqa: E402
 from trainer.profiler import PyTorchProfiler  # noqa: E402
 
 N_TRAIN, BATCH, EPOCHS, WIDTH = 26, 4, 3, 128
@@ -39,27 +41,16 @@ class Block(nn.Module):
         return x + self.down(torch.tanh(self.up(x)))
 
 
-class Net(TrainModule):
+class Net(Regressor):
+    """The test suite's Regressor with four blocks and a head as its network."""
+
     def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.Sequential(*(Block() for _ in range(4)))
-        self.head = nn.Linear(WIDTH, 1)
-
-    def forward(self, x):
-        return self.head(self.blocks(x))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = nn.functional.mse_loss(self(x), y)
-        self.log("train_loss", loss)
-        return loss
+        super().__init__(features=WIDTH, lr=0.01)
+        self.net = nn.Sequential(*(Block() for _ in range(4)), nn.Linear(WIDTH, 1))
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
         self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 class GraphCount(Callback):

@@ -3,10 +3,12 @@
 #   make test   same set-up, then the whole test suite
 #   make gpu-check  on a CUDA machine: the CUDA-only tests and benchmarks/gpt.py at a GPU size (docs/performance.md)
 # TORCH=... overrides the torch requirement (default: the CPU build that installs from local disk here).
+# EXTRAS: the optional dependencies installed too, so their tests run instead of skipping: deepspeed (ZeRO on CPU
+# ranks) and s3 (fsspec, s3fs and moto's S3 server on 127.0.0.1 for the remote-checkpoint tests).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-EXTRAS ?= test
+EXTRAS ?= test,s3,deepspeed
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=

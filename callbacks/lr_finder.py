@@ -11,6 +11,7 @@ from callbacks.callback import Callback
 from callbacks.lr_scaling import record_hparam, scale_learning_rates
 from callbacks.trial_steps import TrialSteps
 from strategies.errors import ConfigurationError
+from trainer.combined_loader import training_batches
 
 
 def suggest_lr(lrs: list[float], losses: list[float], skip_begin: int = 10, skip_end: int = 1) -> Optional[float]:
@@ -154,7 +155,7 @@ def _cycle(loader: Any) -> Any:
     """Batches of ``loader`` again and again (the test may need more steps than one epoch has)."""
     while True:
         empty = True
-        for batch in loader:
+        for batch in training_batches(loader):
             empty = False
             yield batch
         if empty:

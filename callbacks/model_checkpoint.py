@@ -9,6 +9,11 @@ twice for one global step.
 
 Its bookkeeping (``best_k_models``, ``best_model_path``, ``last_model_path``, ...) is saved in every checkpoint
 it writes, so top-k continues correctly after a resume.
+
+Retention: beside the top-k, ``keep_last_n`` keeps the newest N checkpoints it saved. A file falls out only once
+the checkpoint that replaces it is complete, and ``last`` is pointed at a checkpoint only once it is complete:
+with ``asynchronous=True`` (the state is copied at the save and written in the background,
+:mod:`strategies.async_checkpoint`) both wait for the background write.
 """
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ from typing import Any, Optional, Union
 import torch
 
 from callbacks.callback import Callback
-from strategies.checkpoint_io import atomic_link, remove_checkpoint
+from strategies import storage
+from strategies.checkpoint_io import atomic_link
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_warn
 
@@ -51,6 +57,9 @@ class ModelCheckpoint(Callback):
         save_on_train_epoch_end: save at the training epoch's end (``True``) or after validation (``False``);
             ``None`` decides from the validation schedule.
         enable_version_counter: add ``-v1``, ``-v2``... instead of overwriting a file of the same name.
+        keep_last_n: also keep the newest N checkpoints this callback saved (besides the top-k); every due save
+            then writes one. ``None`` (default): only the top-k rules.
+        asynchronous: copy the state at the save and write it in a background thread; training goes on at once.
     """
 
     CHECKPOINT_JOIN_CHAR = "-"
@@ -75,9 +84,17 @@ class ModelCheckpoint(Callback):
         every_n_epochs: Optional[int] = None,
         save_on_train_epoch_end: Optional[bool] = None,
         enable_version_counter: bool = True,
+        keep_last_n: Optional[int] = None,
+        asynchronous: bool = False,
     ) -> None:
         _check_arguments(monitor, mode, save_top_k, save_last, every_n_train_steps, every_n_epochs, train_time_interval)
-        self.dirpath: Optional[str] = os.path.realpath(os.path.expanduser(os.fspath(dirpath))) if dirpath else None
+        if keep_last_n is not None and (isinstance(keep_last_n, bool) or not isinstance(keep_last_n, int)
+                                        or keep_last_n < 1):  # fmt: skip
+            raise ConfigurationError(f"ModelCheckpoint(keep_last_n={keep_last_n!r}) must be None or an int >= 1.")
+        self.keep_last_n = keep_last_n
+        self.asynchronous = bool(asynchronous)
+        self._recent: list[str] = []  # the checkpoints saved for keep_last_n, oldest first
+        self.dirpath: Optional[str] = _folder(dirpath) if dirpath else None
         self._dirpath_given = dirpath is not None
         self.filename = filename
         self.monitor = monitor
@@ -120,7 +137,7 @@ class ModelCheckpoint(Callback):
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
         if not self._dirpath_given:
-            self.dirpath = os.path.realpath(os.path.join(trainer.log_dir, "checkpoints"))
+            self.dirpath = _folder(storage.join(trainer.log_dir, "checkpoints"))
         self.dirpath = trainer.strategy.broadcast(self.dirpath)  # the folder rank 0 writes to, on every rank
 
     def on_train_start(self, trainer: Any, module: Any) -> None:
@@ -198,6 +215,8 @@ class ModelCheckpoint(Callback):
                 self._save_latest(trainer, metrics)
             else:
                 self._save_if_top_k(trainer, metrics)
+        if top_k and self.keep_last_n:
+            self._keep_recent(trainer, metrics)
         if self.save_last:
             self._write_last(trainer, previous_last)
 
@@ -205,8 +224,16 @@ class ModelCheckpoint(Callback):
         path = self._unique_path(trainer, metrics, None, self.best_model_path)
         previous, self.best_model_path = self.best_model_path, path
         self._save(trainer, path)
-        if self.save_top_k == 1 and previous:
+        if self.save_top_k == 1 and previous and not self.keep_last_n:
             self._remove_if_ours(trainer, previous, path)
+
+    def _keep_recent(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        """Save a checkpoint now unless a top-k save just did, and drop the ones beyond the newest ``keep_last_n``."""
+        if not self._just_saved:
+            self._save(trainer, self._unique_path(trainer, metrics, None, ""))
+        self._recent.append(self._just_saved)
+        while len(self._recent) > self.keep_last_n:
+            self._remove_if_ours(trainer, self._recent.pop(0), self._just_saved)
 
     def _save_if_top_k(self, trainer: Any, metrics: dict[str, Any]) -> None:
         value = metrics.get(self.monitor)
@@ -257,7 +284,8 @@ class ModelCheckpoint(Callback):
         path = self.last_model_path
         if self._just_saved:
             if trainer.is_global_zero:
-                atomic_link(self._just_saved, path, symbolic=self.save_last == "link")
+                source, symbolic = self._just_saved, self.save_last == "link"
+                _after_commit(trainer, lambda: atomic_link(source, path, symbolic=symbolic))
             trainer.strategy.barrier("ModelCheckpoint.last")
         else:
             self._save(trainer, path)
@@ -266,7 +294,10 @@ class ModelCheckpoint(Callback):
 
     def _save(self, trainer: Any, path: str) -> None:
         self._last_global_step_saved = trainer.global_step  # before saving: the file records it
-        trainer.save_checkpoint(path, self.save_weights_only)
+        if self.asynchronous:
+            trainer.save_checkpoint(path, self.save_weights_only, asynchronous=True)
+        else:
+            trainer.save_checkpoint(path, self.save_weights_only)
         self._just_saved = path
 
     def _remove_if_ours(self, trainer: Any, previous: str, current: str) -> None:
@@ -274,11 +305,12 @@ class ModelCheckpoint(Callback):
         if previous == current or previous in self.best_k_models or previous in (self.best_model_path,
                                                                                   self.last_model_path):
             return
-        old = Path(previous).absolute()
-        if trainer.ckpt_path is not None and old == Path(trainer.ckpt_path).absolute():
+        if previous in self._recent:
+            return
+        if trainer.ckpt_path is not None and _same_path(previous, trainer.ckpt_path):
             return  # the checkpoint this fit resumed from is the user's to delete
-        if self.dirpath is not None and Path(self.dirpath).absolute() in old.parents and trainer.is_global_zero:
-            remove_checkpoint(old)
+        if self.dirpath is not None and _inside(previous, self.dirpath) and trainer.is_global_zero:
+            _after_commit(trainer, lambda: trainer.strategy.remove_checkpoint(previous))  # only once the new checkpoint is complete
 
     # ------------------------------------------------------------------ names
     def _monitor_candidates(self, trainer: Any) -> dict[str, Any]:
@@ -328,7 +360,7 @@ class ModelCheckpoint(Callback):
 
     @staticmethod
     def _exists(trainer: Any, path: str) -> bool:
-        return bool(trainer.strategy.broadcast(os.path.lexists(path)))
+        return bool(trainer.strategy.broadcast(storage.exists(path)))
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -349,6 +381,7 @@ class ModelCheckpoint(Callback):
             "kth_value": float(self.kth_value),
             "last_model_path": self.last_model_path,
             "last_global_step_saved": self._last_global_step_saved,
+            "recent_model_paths": list(self._recent),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -365,6 +398,7 @@ class ModelCheckpoint(Callback):
             self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
             self.kth_value = as_tensor(state_dict.get("kth_value", float(self.kth_value)))
             self.last_model_path = state_dict.get("last_model_path", "")
+            self._recent = list(state_dict.get("recent_model_paths", []))
         else:
             rank_zero_warn(
                 f"ModelCheckpoint: the checkpoint folder changed from {saved_dir!r} to {self.dirpath!r}, so only "
@@ -372,6 +406,33 @@ class ModelCheckpoint(Callback):
             )
         self.best_model_path = state_dict.get("best_model_path", "")
         self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)
+
+
+def _folder(path: Union[str, os.PathLike]) -> str:
+    """An absolute, resolved local folder; a URL as given."""
+    text = os.fspath(path)
+    return text.rstrip("/") if storage.is_remote(text) else os.path.realpath(os.path.expanduser(text))
+
+
+def _same_path(a: str, b: str) -> bool:
+    if storage.is_remote(a) or storage.is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return Path(a).absolute() == Path(b).absolute()
+
+
+def _inside(path: str, folder: str) -> bool:
+    if storage.is_remote(path) or storage.is_remote(folder):
+        return path.startswith(folder.rstrip("/") + "/")
+    return Path(folder).absolute() in Path(path).absolute().parents
+
+
+def _after_commit(trainer: Any, action: Any) -> None:
+    """Run ``action`` once the checkpoint being written is complete (at once when it is written synchronously)."""
+    connector = getattr(trainer, "_checkpoint", None)
+    if connector is None:
+        action()
+    else:
+        connector.after_commit(action)
 
 
 def _score_tensor(value: Optional[float]) -> Optional[torch.Tensor]:

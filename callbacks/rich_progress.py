@@ -48,6 +48,7 @@ class RichProgressBar(Callback):
         self._bar = "train"
         self._resume: tuple[str, int] = ("train", 0)  # the bar a validation interrupted
         self._before_val: dict[str, float] = {}
+        self._val_keys: set[str] = set()  # prog_bar keys validations have logged
         self._epoch_start = 0.0
 
     # ------------------------------------------------------------------ display
@@ -153,8 +154,12 @@ class RichProgressBar(Callback):
     def on_validation_end(self, trainer: Any, module: Any) -> None:
         if not self._enabled or trainer.sanity_checking:
             return
-        before = self._before_val  # show what this validation produced, not the training metrics
-        metrics = {k: v for k, v in trainer.progress_bar_metrics.items() if before.get(k) != v}
+        # Show what this validation produced, not the training metrics: the keys it changed or added, and every key
+        # an earlier validation showed (its value may simply not have changed since then).
+        before = self._before_val
+        current = trainer.progress_bar_metrics
+        self._val_keys.update(k for k, v in current.items() if k not in before or before[k] != v)
+        metrics = {k: v for k, v in current.items() if k in self._val_keys}
         self.display.close("val", f"Validation  {self._done} batches  {format_metrics(metrics)}".rstrip())
         self._bar, self._done = self._resume
         if trainer.state_stage != "fit":

@@ -14,6 +14,7 @@ from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 from callbacks.callback import Callback
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_warn
+from trainer.combined_loader import training_batches
 from trainer.optimizers import SchedulerConfig
 from trainer.seed import isolated_rng
 
@@ -230,7 +231,7 @@ class StochasticWeightAveraging(Callback):
         """BatchNorm statistics for the averaged weights: one pass over the training data with ``update_bn``."""
         strategy = trainer.strategy
         # Batches moved and converted as training sees them (device, and dtype under "*-true" precisions).
-        batches = (strategy.batch_to_device(batch) for batch in trainer.train_dataloader)
+        batches = (strategy.batch_to_device(batch) for batch in training_batches(trainer.train_dataloader))
         # isolated_rng: a shuffling loader must not change the random streams the user's code sees next.
         with isolated_rng(), strategy.precision.forward_context():
             update_bn(batches, module)

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from strategies.errors import ConfigurationError
+from trainer.step_signature import takes_batch_idx
 
 
 def _cpu_copy(state: Any) -> Any:
@@ -41,6 +42,7 @@ class TrialSteps:
         self.trainer = trainer
         self.strategy = trainer.strategy
         self.optimizer = trainer.optimizers[0]
+        self._step_args = (0,) if takes_batch_idx(module.training_step) else ()  # training_step(batch) is allowed
         self._module_state = _cpu_copy(trainer.strategy.module_state_dict())
         self._optimizer_state = _cpu_copy(self.optimizer.state_dict())
         self._precision_state = _cpu_copy(trainer.strategy.precision.state_dict())
@@ -54,7 +56,7 @@ class TrialSteps:
         batch = strategy.batch_to_device(batch)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"self\.log\(")
-            output = strategy.training_step(batch, 0)
+            output = strategy.training_step(batch, *self._step_args)
         loss = output["loss"] if isinstance(output, dict) else output
         if not isinstance(loss, Tensor):
             raise ConfigurationError("The finders need training_step to return a loss tensor (or a dict with 'loss').")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from strategies.errors import ConfigurationError, RankFailedError
+from strategies.errors import ConfigurationError, HangError, RankFailedError
 from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from strategies.registry import register_strategy, strategy_names
 from strategies.single_device import SingleDeviceStrategy
@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from strategies.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment  # noqa: F401
     from strategies.fsdp import FSDPStrategy  # noqa: F401
     from strategies.model_parallel import ModelParallelStrategy  # noqa: F401
+    from strategies.nd_parallel import NDParallelStrategy  # noqa: F401
     from strategies.zero import Zero1Strategy, Zero2Strategy, ZeroStrategy  # noqa: F401
 
 _LAZY = {
@@ -30,6 +31,7 @@ _LAZY = {
     "FSDPStrategy": "strategies.fsdp",
     "LocalEnvironment": "strategies.environments",
     "ModelParallelStrategy": "strategies.model_parallel",
+    "NDParallelStrategy": "strategies.nd_parallel",
     "SLURMEnvironment": "strategies.environments",
     "TorchElasticEnvironment": "strategies.environments",
     "Zero1Strategy": "strategies.zero",
@@ -41,6 +43,7 @@ __all__ = [
     "ConfigurationError",
     "DoublePrecision",
     "HalfPrecision",
+    "HangError",
     "MixedPrecision",
     "Precision",
     "RankFailedError",

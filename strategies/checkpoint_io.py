@@ -6,12 +6,15 @@ intact. Every checkpoint read goes through :func:`safe_load`: tensors and plain 
 hostile pickle cannot run code.
 
 A sharded checkpoint is a folder (see :mod:`strategies.sharded_checkpoint`); :func:`atomic_link`,
-:func:`remove_checkpoint` and :func:`replace_folder` accept folders as well as files.
+:func:`remove_checkpoint` and :func:`replace_folder` accept folders as well as files. Paths may be fsspec URLs
+(:mod:`strategies.storage`): the same functions then upload under a temporary name and commit last. Before a
+file is unpickled it is checked against the sizes and CRC-32s it recorded (:mod:`strategies.checkpoint_manifest`).
 """
 from __future__ import annotations
 
 import contextlib
 import glob
+import io
 import os
 import pickle
 import re
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
 
 import torch
+
+from strategies import storage
 
 
 class CheckpointError(RuntimeError):
@@ -71,10 +76,50 @@ def remove_stale_temporaries(target: Path) -> None:
             _remove_path(stale)
 
 
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary stream whose content replaces ``path`` whole once the block ends without an error.
+
+    A write that fails (a full disk, a file-size limit) leaves the previous file in place and raises an
+    ``OSError`` that names the checkpoint."""
+    try:
+        if storage.is_remote(path):
+            storage.remove_stale_remote_temporaries(os.fspath(path))
+            with storage.remote_atomic_write(os.fspath(path)) as f:
+                yield f
+        else:
+            with _atomic_file(path) as f:
+                yield f
+    except (OSError, RuntimeError) as err:
+        cause = _os_error(err)  # torch.save reports a failed write as RuntimeError("unexpected pos ...")
+        if cause is None or cause.errno is None or getattr(err, "checkpoint_path", None) is not None:
+            raise
+        named = OSError(cause.errno, f"Could not write checkpoint '{path}': {cause.strerror or cause}. Nothing was "
+                                     "replaced: the previous checkpoint of that name (if any) is intact.")  # fmt: skip
+        named.checkpoint_path = os.fspath(path)  # type: ignore[attr-defined]
+        raise named from err
+
+
+def _os_error(err: Optional[BaseException]) -> Optional[OSError]:
+    """The ``OSError`` that ``err`` is or was raised while handling (a full disk, a file-size limit)."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` ``obj`` to ``path`` atomically: readers see the old file or the new one, never half."""
-    with _atomic_file(path) as f:
+    with atomic_writer(path) as f:
         torch.save(obj, f)
+
+
+def atomic_write_bytes(data: bytes, path: str | os.PathLike) -> None:
+    """Write ``data`` to ``path`` atomically (small files: manifests)."""
+    with atomic_writer(path) as f:
+        f.write(data)
 
 
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
@@ -90,6 +135,9 @@ def atomic_link(src: str | os.PathLike, dst: str | os.PathLike, symbolic: bool =
     system refuses hard links, the file is copied. ``symbolic=True`` makes a relative symbolic link. A folder
     (a sharded checkpoint) becomes a new folder of hard links to its files, swapped in by :func:`replace_folder`.
     """
+    if storage.is_remote(src) or storage.is_remote(dst):
+        _remote_link(os.fspath(src), os.fspath(dst))
+        return
     source, target = Path(src), Path(dst)
     if source.resolve() == target.resolve():
         return
@@ -115,6 +163,15 @@ def atomic_link(src: str | os.PathLike, dst: str | os.PathLike, symbolic: bool =
         return
     os.replace(tmp, target)
     _fsync_dir(target.parent)
+
+
+def _remote_link(src: str, dst: str) -> None:
+    """Object stores have no links: a server-side copy; a folder is replaced with its manifest copied last."""
+    if src.rstrip("/") == dst.rstrip("/"):
+        return
+    if storage.isdir(src):
+        storage.remove(dst)
+    storage.copy_remote(src, dst)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -155,6 +212,9 @@ def _remove_path(path: Path) -> None:
 
 def remove_checkpoint(path: str | os.PathLike) -> None:
     """Delete a checkpoint file, link or sharded-checkpoint folder; one that is already gone is not an error."""
+    if storage.is_remote(path):
+        storage.remove(os.fspath(path))
+        return
     _remove_path(Path(path))
 
 
@@ -164,7 +224,11 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     Raises ``FileNotFoundError`` naming the path when it does not exist, and :class:`CheckpointError`
     when the file is corrupt/truncated or holds objects that would need arbitrary code to rebuild. The
     restricted unpickler refuses such objects before constructing them, so a hostile file runs nothing.
+    The file is first checked against the sizes and CRC-32s it recorded
+    (:func:`strategies.checkpoint_manifest.verify_file`), once per file version and process.
     """
+    if storage.is_remote(path):
+        return _safe_load_remote(os.fspath(path), map_location)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"Checkpoint not found: '{path}' (resolved to '{path.resolve()}').")
@@ -173,12 +237,49 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
             f"'{path}' is a folder. Sharded checkpoints are folders: load them through the strategy that wrote "
             f"them, or turn them into one file with `python -m trainer checkpoint consolidate {path} out.ckpt`."
         )
+    verify_once(path)
+    return _load_weights_only(path, path, map_location)
+
+
+_VERIFIED: dict[str, tuple[int, int]] = {}  # path -> (size, mtime) of the version already checked in this process
+
+
+def verify_once(path: str | os.PathLike) -> None:
+    """:func:`~strategies.checkpoint_manifest.verify_checkpoint` unless this version of ``path`` passed already
+    in this process (the ``"last"`` lookup checks a candidate before every rank loads it)."""
+    from strategies.checkpoint_manifest import verify_checkpoint
+
+    key = os.fspath(path)
+    stamped = key
+    if storage.isdir(key):  # a folder: its manifest, rewritten by every save of it
+        from strategies.checkpoint_manifest import MANIFEST_FILE
+
+        stamped = storage.join(key, MANIFEST_FILE)
+    stamp = (storage.size(stamped), storage.modified_ns(stamped)) if storage.exists(stamped) else (-1, -1)
+    if _VERIFIED.get(key) == stamp:
+        return
+    verify_checkpoint(key)
+    _VERIFIED[key] = stamp
+
+
+def _safe_load_remote(url: str, map_location: Any) -> Any:
+    if not storage.exists(url):
+        raise FileNotFoundError(f"Checkpoint not found: '{url}'.")
+    if storage.isdir(url):
+        raise CheckpointError(f"'{url}' is a folder: load sharded checkpoints through the strategy that wrote them.")
+    verify_once(url)
+    return _load_weights_only(io.BytesIO(storage.read_bytes(url)), url, map_location)
+
+
+def _load_weights_only(source: Any, path: Any, map_location: Any) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        reason = _unsafe_reason(str(err), path)
+        if hasattr(source, "seek"):
+            source.seek(0)
+        reason = _unsafe_reason(str(err), source)
         if reason is None:
             raise CheckpointError(_corrupt_message(path, err)) from None
         raise CheckpointError(
@@ -190,12 +291,12 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
         raise CheckpointError(_corrupt_message(path, err)) from None
 
 
-def _unsafe_reason(message: str, path: Path) -> Optional[str]:
+def _unsafe_reason(message: str, source: Any) -> Optional[str]:
     """Why the weights-only unpickler refused a file, or ``None`` when the refusal means damage."""
     found = re.search(r"GLOBAL ([\w.]+)", message)
     if found:
         return f"it asks to import and call '{found.group(1)}'"
-    with open(path, "rb") as f:
+    with contextlib.nullcontext(source) if hasattr(source, "read") else open(source, "rb") as f:
         starts_like_pickle = f.read(1) == b"\x80"  # the PROTO opcode that every pickle since protocol 2 begins with
     if starts_like_pickle and "Unsupported operand" in message:
         return "it is a raw pickle using instructions a torch.save of tensors and plain values never writes"
@@ -214,3 +315,21 @@ def _corrupt_message(path: Path, err: BaseException) -> str:
 def _first_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     return lines[0].split(". ")[0][:200] if lines else ""
+
+
+class CheckpointIO:
+    """How a strategy writes, reads and deletes single-file checkpoints: ``Trainer(plugins=[MyCheckpointIO()])``
+    (Lightning's ``CheckpointIO`` plugin). This default writes atomically and reads with ``weights_only=True``;
+    override the three methods to store checkpoints elsewhere (an object store, a compressed format)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        """Write ``checkpoint`` to ``path`` (called on global rank 0 only)."""
+        atomic_save(checkpoint, path)
+
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+        """Read the checkpoint at ``path``."""
+        return safe_load(path, map_location=map_location)
+
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        """Delete the checkpoint at ``path`` (one that is already gone is not an error)."""
+        remove_checkpoint(path)

@@ -17,13 +17,16 @@ def build_strategy(
     num_nodes: Any = 1,
     strategy: Any = "auto",
     precision: Any = "32-true",
+    cluster_environment: Any = None,
 ) -> Strategy:
-    """Resolve and validate the five arguments; returns a Strategy ready for ``setup_environment``."""
+    """Resolve and validate the five arguments; returns a Strategy ready for ``setup_environment``.
+
+    ``cluster_environment`` (a ``ClusterEnvironment``) replaces detection, for strategies that take one."""
     plugin = precision_plugin(precision)
     kind = resolve_accelerator(accelerator)
     from strategies.environments import detect_environment  # on use: keeps `import trainer` light
 
-    job = detect_environment()  # torchrun/SLURM/an earlier launch already started the processes
+    job = cluster_environment if cluster_environment is not None else detect_environment()  # torchrun/SLURM/...
     launched = job is not None and job.world_size() > 1
     device_list = parse_devices(kind, devices, job.local_world_size() if launched else None)
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
@@ -39,5 +42,8 @@ def build_strategy(
         raise ConfigurationError(
             f"strategy={strategy!r} must be a strategy name (e.g. 'ddp') or a Strategy instance."
         )
+    if cluster_environment is not None and getattr(instance, "cluster_environment", None) is None:
+        # A one-process strategy keeps it too: SLURM auto-requeue reads its settings from there.
+        instance.cluster_environment = cluster_environment
     instance.connect(device_list, num_nodes, plugin)
     return instance

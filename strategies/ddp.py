@@ -17,9 +17,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from strategies.environments import ClusterEnvironment
+from strategies.hang_report import DEFAULT_TRAIN_TIMEOUT_S
 from strategies.parallel import ParallelStrategy
 from strategies.precision import Precision
 from strategies.redirection import ForwardRedirection
+from strategies.strategy import materialize_on
 
 _NULL_CONTEXT = contextlib.nullcontext()
 
@@ -33,7 +35,9 @@ class DDPStrategy(ParallelStrategy):
         find_unused_parameters: let DDP tolerate parameters that get no gradient in a step (slower).
         static_graph: promise DDP the set of used parameters never changes (enables optimisations).
         gradient_as_bucket_view: gradients alias DDP's communication buckets (saves memory and a copy).
-        timeout: process-group timeout (seconds or ``timedelta``) for collectives; torch's default if None.
+        timeout: process-group timeout (seconds or ``timedelta``) while the job starts; torch's default if None.
+        train_timeout: the timeout after the first optimizer step (default 300 s): a rank that stops answering
+            then ends the job, named (:mod:`strategies.hang_report`). None keeps ``timeout``.
         process_group_backend: ``"gloo"``/``"nccl"``; None picks nccl on CUDA and gloo on the CPU.
         cluster_environment: override detection (torchrun / SLURM / local).
         **ddp_kwargs: passed on to ``DistributedDataParallel`` (e.g. ``bucket_cap_mb``, ``broadcast_buffers``).
@@ -49,9 +53,10 @@ class DDPStrategy(ParallelStrategy):
         process_group_backend: Optional[str] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
         precision: Optional[Precision] = None,
+        train_timeout: Union[None, float, datetime.timedelta] = DEFAULT_TRAIN_TIMEOUT_S,
         **ddp_kwargs: Any,
     ) -> None:
-        super().__init__(cluster_environment, process_group_backend, timeout, start_method, precision)
+        super().__init__(cluster_environment, process_group_backend, timeout, start_method, precision, train_timeout)
         self.strategy_name = "ddp" if start_method == "popen" else "ddp_spawn"
         self.ddp_kwargs = dict(
             find_unused_parameters=find_unused_parameters, static_graph=static_graph,
@@ -62,6 +67,7 @@ class DDPStrategy(ParallelStrategy):
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Convert for the precision, move to this rank's device, wrap in ``DistributedDataParallel``
         (which broadcasts rank 0's parameters so every rank starts identical)."""
+        materialize_on(module, self.root_device)
         self.module = self.precision.convert_module(module).to(self.root_device)
         if not any(p.requires_grad for p in self.module.parameters()):
             self.model = self.module  # nothing to synchronise (e.g. evaluating a frozen model)

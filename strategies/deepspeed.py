@@ -1,5 +1,5 @@
-"""``strategy="deepspeed"`` (``DeepSpeedStrategy``): ZeRO stages 1-3 and CPU offload through the optional ``deepspeed``
-package (``pip install 'trainer[deepspeed]'``). Imported only when chosen.
+"""``strategy="deepspeed"`` (``DeepSpeedStrategy``): ZeRO stages 0-3 and CPU/NVMe offload through the optional
+``deepspeed`` package (``pip install 'trainer[deepspeed]'``). Imported only when chosen.
 
 From the Trainer:
 
@@ -10,8 +10,14 @@ From the Trainer:
   (``engine.set_gradient_accumulation_boundary``), so the config's ``gradient_accumulation_steps`` stays 1.
 
 From the strategy's arguments (over the user's ``config``, a dict or a JSON file): ``stage``,
-``offload_optimizer``, ``offload_parameters`` (CUDA only). Gradient clipping is DeepSpeed's, done inside its
-step: set ``config={"gradient_clipping": 1.0}``; ``Trainer(gradient_clip_val=...)`` must then be unset or equal.
+``offload_optimizer``, ``offload_parameters`` ("cpu", or "nvme" with ``nvme_path``). Gradient clipping is
+DeepSpeed's, done inside its step: set ``config={"gradient_clipping": 1.0}``; ``Trainer(gradient_clip_val=...)``
+must then be unset or equal. ``"auto"`` values in a config (as Accelerate's templates write them) are left to
+DeepSpeed's defaults, or taken from the Trainer (precision, clipping).
+
+On CPU devices (gloo, ``accelerator="cpu"``) DeepSpeed runs with its CPU accelerator (``DS_ACCELERATOR=cpu`` is set
+before it is imported); ZeRO 1-3 work, and so does optimizer offload, where the module's own torch optimizer
+steps (DeepSpeed's fused CPU Adam is for GPU runs, whose optimizer would otherwise step on the CPU slowly).
 
 Checkpoints are DeepSpeed's own folders (each rank writes its partition; ``engine.save_checkpoint``) with the
 rest of the Trainer's checkpoint as DeepSpeed's client state, swapped into place atomically; ``ckpt_path`` and
@@ -47,9 +53,13 @@ class DeepSpeedStrategy(ParallelStrategy):
     """DeepSpeed ZeRO data parallelism.
 
     Args:
-        stage: ZeRO stage: 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters).
-        offload_optimizer: keep optimizer state in CPU memory and step there (CUDA devices only).
-        offload_parameters: keep parameters in CPU memory (stage 3, CUDA devices only).
+        stage: ZeRO stage 0 (plain data parallel), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters).
+        offload_optimizer: keep optimizer state in CPU memory and step there (True or "cpu"), or on NVMe ("nvme").
+        offload_parameters: keep parameters in CPU memory (stage 3; True/"cpu", or "nvme").
+        nvme_path: the folder NVMe offload writes to (needed for "nvme").
+        zero3_init: stage 3: build the module's layers already partitioned (``deepspeed.zero.Init``) where the
+            strategy's init context is used (:meth:`module_init_context`).
+        save_16bit_model: stage 3: each checkpoint folder also gets the gathered weights (``pytorch_model.bin``).
         config: a DeepSpeed config dict or the path of a JSON file; the arguments above override its
             ``zero_optimization`` entries, the Trainer's precision overrides ``fp16``/``bf16``.
         timeout / process_group_backend / cluster_environment: as for ``DDPStrategy``.
@@ -61,29 +71,39 @@ class DeepSpeedStrategy(ParallelStrategy):
     def __init__(
         self,
         stage: int = 2,
-        offload_optimizer: bool = False,
-        offload_parameters: bool = False,
+        offload_optimizer: Union[bool, str] = False,
+        offload_parameters: Union[bool, str] = False,
         config: Union[None, dict[str, Any], str, os.PathLike] = None,
+        nvme_path: Optional[str] = None,
+        zero3_init: bool = False,
+        save_16bit_model: bool = False,
         timeout: Union[None, float, datetime.timedelta] = None,
         process_group_backend: Optional[str] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
         precision: Optional[Precision] = None,
     ) -> None:
-        try:
-            import deepspeed  # noqa: F401
-        except ImportError as err:
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:  # imported later: DS_ACCELERATOR must be set first
             raise ConfigurationError(
-                f"strategy='deepspeed' needs the deepspeed package ({err}). Install it with "
-                "`pip install 'trainer[deepspeed]'`, or use strategy='fsdp'/'zero2', which need only torch."
-            ) from err
+                "strategy='deepspeed' needs the deepspeed package. Install it with `pip install 'trainer[deepspeed]'`, "
+                "or use strategy='fsdp'/'zero2', which need only torch."
+            )
         super().__init__(cluster_environment, process_group_backend, timeout, "popen", precision)
-        if stage not in (1, 2, 3):
-            raise ConfigurationError(f"DeepSpeedStrategy(stage={stage!r}): ZeRO stages are 1, 2 and 3.")
-        if offload_parameters and stage != 3:
-            raise ConfigurationError("offload_parameters=True needs stage=3 (only stage 3 partitions parameters).")
+        if stage not in (0, 1, 2, 3):
+            raise ConfigurationError(f"DeepSpeedStrategy(stage={stage!r}): ZeRO stages are 0 (off), 1, 2 and 3.")
+        self.offload_optimizer = _offload_device("offload_optimizer", offload_optimizer)
+        self.offload_parameters = _offload_device("offload_parameters", offload_parameters)
+        if self.offload_parameters and stage != 3:
+            raise ConfigurationError("offload_parameters needs stage=3 (only stage 3 partitions parameters).")
+        if "nvme" in (self.offload_optimizer, self.offload_parameters) and not nvme_path:
+            raise ConfigurationError("Offloading to 'nvme' needs nvme_path= (a folder on the NVMe drive).")
+        if (zero3_init or save_16bit_model) and stage != 3:
+            raise ConfigurationError("zero3_init and save_16bit_model apply to stage=3 (parameters partitioned).")
         self.stage = stage
-        self.offload_optimizer = bool(offload_optimizer)
-        self.offload_parameters = bool(offload_parameters)
+        self.nvme_path = nvme_path
+        self.zero3_init = bool(zero3_init)
+        self.save_16bit_model = bool(save_16bit_model)
         self.user_config = _read_config(config)
         self.config: dict[str, Any] = {}
         self._engine: Any = None
@@ -92,11 +112,20 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
         super().connect(devices, num_nodes, precision)
-        if (self.offload_optimizer or self.offload_parameters) and devices and devices[0].type != "cuda":
-            raise ConfigurationError(
-                "DeepSpeed offload moves optimizer state/parameters from GPUs to CPU memory, but the devices resolved "
-                "to the CPU. Drop offload_optimizer/offload_parameters, or use accelerator='gpu'."
-            )
+        kind = devices[0].type if devices else "cpu"
+        if kind == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+        import sys
+
+        if "deepspeed" in sys.modules:  # imported before (by the user): its accelerator was chosen then
+            from deepspeed.accelerator import get_accelerator
+
+            chosen = get_accelerator().device_name()
+            if chosen != kind:
+                raise ConfigurationError(
+                    f"deepspeed was imported with its {chosen!r} accelerator, but the devices are {kind!r}. Set "
+                    f"DS_ACCELERATOR={kind} before deepspeed is imported (or import it after creating the Trainer)."
+                )
 
     def build_config(self) -> dict[str, Any]:
         """The DeepSpeed config: the user's, with this strategy's ZeRO settings and the Trainer's precision."""
@@ -109,13 +138,31 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         config["gradient_accumulation_steps"] = 1
         config.setdefault("train_micro_batch_size_per_gpu", 1)  # DeepSpeed requires it; only its own timers read it
+        config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer (as Lightning's default)
         config.pop("train_batch_size", None)
+        for key in [k for k, v in config.items() if v == "auto"]:  # Accelerate-style templates
+            if key == "gradient_clipping":
+                config[key] = 0.0
+            else:
+                config.pop(key)
+        if "optimizer" in config or "scheduler" in config:
+            raise ConfigurationError(
+                "The DeepSpeed config has an 'optimizer'/'scheduler' section; the Trainer hands DeepSpeed the optimizer "
+                "and schedulers configure_optimizers returns. Move them there and remove the sections."
+            )
         zero = config.setdefault("zero_optimization", {})
+        for key in [k for k, v in zero.items() if v == "auto"]:
+            zero.pop(key)  # sizes Accelerate derives from the model: DeepSpeed's defaults
         zero["stage"] = self.stage
+        if self.save_16bit_model:
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
+        pin = self.root_device.type == "cuda"  # pinned host memory speeds up GPU<->CPU copies only
         if self.offload_optimizer:
-            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+            zero["offload_optimizer"] = self._offload(self.offload_optimizer, pin)
+            if self.root_device.type == "cpu":  # the optimizer already steps on the CPU: DeepSpeed's CPU Adam adds nothing
+                config.setdefault("zero_force_ds_cpu_optimizer", False)
         if self.offload_parameters:
-            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+            zero["offload_param"] = self._offload(self.offload_parameters, pin)
         name = self.precision.name
         if name not in ("32-true", *_DTYPES):
             raise ConfigurationError(
@@ -129,6 +176,20 @@ class DeepSpeedStrategy(ParallelStrategy):
             config[key] = {"enabled": True}
             self._cast = HalfPrecision(half)
         return config
+
+    def _offload(self, device: str, pin: bool) -> dict[str, Any]:
+        settings: dict[str, Any] = {"device": device, "pin_memory": pin}
+        if device == "nvme":
+            settings["nvme_path"] = self.nvme_path
+        return settings
+
+    def module_init_context(self) -> ContextManager:
+        """Where the module's layers are built (``configure_model``): with ``zero3_init``, partitioned at creation."""
+        if not self.zero3_init:
+            return _NULL_CONTEXT
+        import deepspeed
+
+        return deepspeed.zero.Init(config_dict_or_path=self.build_config(), remote_device=self.offload_parameters or None)
 
     # ------------------------------------------------------------------ module and optimizers
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -226,6 +287,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         tmp = Path(self.broadcast(str(temporary_name(target))))
         rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
         self._engine.save_checkpoint(str(tmp), tag=_TAG, client_state={"trainer": rest}, save_latest=False)
+        if self.save_16bit_model:  # gathered on rank 0 (every rank takes part)
+            self._engine.save_16bit_model(str(tmp), "pytorch_model.bin")
         self.barrier("deepspeed.save_checkpoint")
         if self.is_global_zero:
             replace_folder(tmp, target)
@@ -267,3 +330,14 @@ def _read_config(config: Union[None, dict[str, Any], str, os.PathLike]) -> dict[
     if not isinstance(loaded, dict):
         raise ConfigurationError(f"DeepSpeed config '{path}' must hold a JSON object.")
     return loaded
+
+
+def _offload_device(name: str, value: Union[bool, str, None]) -> str:
+    """``True``/"cpu" → "cpu", "nvme" → "nvme", False/None/"none" → "" (no offload)."""
+    if value is True:
+        return "cpu"
+    if value in (False, None) or str(value).lower() == "none":
+        return ""
+    if str(value).lower() in ("cpu", "nvme"):
+        return str(value).lower()
+    raise ConfigurationError(f"DeepSpeedStrategy({name}={value!r}) must be False, True/'cpu' or 'nvme'.")

@@ -8,7 +8,9 @@ or an ancestor of it, so ``{"": 0, "decoder.layers.5": 1}`` puts one layer on de
 registration order (usually the order they run), fills the devices one after another with an even share of the
 parameter and buffer bytes, never beyond a device's budget, and splits a child into its own children when the
 child is larger than the space left. A part that cannot be split (a leaf, or a class in ``no_split``) and fits
-on no device raises a :class:`ConfigurationError` naming it.
+on no device raises a :class:`ConfigurationError` naming it. A tensor shared by several modules (tied weights,
+e.g. an output head sharing the embedding's weight) is counted once and placed with its first owner; the
+modules sharing it are mapped to that device too (they run where the tensor is).
 """
 from __future__ import annotations
 
@@ -80,10 +82,13 @@ def plan_device_map(
     devices: Sequence[Any],
     max_memory: Budget = None,
     no_split: tuple[type, ...] = (),
+    tied_copies: bool = False,
 ) -> dict[str, Any]:
     """``device_map="auto"``: fill ``devices`` in order with about equal shares of the module's bytes.
 
     ``max_memory`` caps the parameter and buffer bytes per device (an int or ``"20GB"`` for all, or a list).
+    ``tied_copies``: count a shared tensor in every module that holds it and leave each module where the walk
+    puts it (pipeline stages, which keep a copy each) instead of once, with its first owner (one process).
     Returns ``{module name: device}`` with entries in execution order.
     """
     count = len(devices)
@@ -93,7 +98,7 @@ def plan_device_map(
     sizes: dict[str, int] = {}
     seen: set[int] = set()
     for name, sub in module.named_modules():
-        sizes[name] = own_bytes(sub, seen)
+        sizes[name] = own_bytes(sub, set() if tied_copies else seen)
     total = {name: sum(size for other, size in sizes.items() if _within(other, name)) for name in sizes}
     plan: dict[str, Any] = {}
     used = [0] * count
@@ -125,7 +130,22 @@ def plan_device_map(
         plan[name] = devices[index]
         used[index] += size
         remaining -= size
+    if not tied_copies:
+        _place_tied(module, plan)
     return plan
+
+
+def _place_tied(module: nn.Module, plan: dict[str, Any]) -> None:
+    """A module holding a tensor that an earlier module owns (an output head tied to the embedding) goes to
+    that tensor's device: one process holds a shared tensor once, and the module must run where it is."""
+    home: dict[int, Any] = {}
+    named = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
+    for name, tensor in named:
+        owner = name.rpartition(".")[0]
+        key = next((k for k in sorted(plan, key=len, reverse=True) if _within(owner, k)), None)
+        device = home.setdefault(id(tensor), None if key is None else plan[key])
+        if key is None or plan[key] != device:
+            plan[owner] = device
 
 
 def _within(name: str, ancestor: str) -> bool:

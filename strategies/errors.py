@@ -15,3 +15,8 @@ class RankFailedError(RuntimeError):
     The failing process's traceback is printed once (by that process, or in this message when the
     processes were spawned); this error only says why the surviving process stopped.
     """
+
+
+class HangError(RuntimeError):
+    """A rank of a multi-process job stopped answering (stuck, stopped, deadlocked): the message names it and
+    where the job was (see :mod:`strategies.hang_report`)."""

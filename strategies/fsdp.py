@@ -30,7 +30,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from strategies.deferred_init import has_meta_tensors, materialize
 from strategies.environments import ClusterEnvironment
+from strategies.hang_report import DEFAULT_TRAIN_TIMEOUT_S
 from strategies.errors import ConfigurationError
 from strategies.parallel import ParallelStrategy
 from strategies.precision import HalfPrecision, MixedPrecision, Precision
@@ -130,7 +132,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
             (one file gathered on global rank 0).
         sync_module_states: broadcast global rank 0's initial parameters and buffers before sharding, so every
             rank starts from the same model (as DDP does) even if they were initialised differently.
-        timeout / process_group_backend / cluster_environment: as for ``DDPStrategy``.
+        timeout / train_timeout / process_group_backend / cluster_environment: as for ``DDPStrategy``.
     """
 
     strategy_name = "fsdp"
@@ -148,8 +150,9 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         process_group_backend: Optional[str] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
         precision: Optional[Precision] = None,
+        train_timeout: Union[None, float, datetime.timedelta] = DEFAULT_TRAIN_TIMEOUT_S,
     ) -> None:
-        super().__init__(cluster_environment, process_group_backend, timeout, "popen", precision)
+        super().__init__(cluster_environment, process_group_backend, timeout, "popen", precision, train_timeout)
         self.auto_wrap_policy = check_wrap_policy(auto_wrap_policy)
         self.cpu_offload = bool(cpu_offload)
         self.reshard_after_forward = bool(reshard_after_forward)
@@ -157,6 +160,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         self.state_dict_type = check_state_dict_type(state_dict_type)
         self.sync_module_states = bool(sync_module_states)
         self._root: Optional[_Root] = None
+        self._mesh: Any = None
         self._units: list[nn.Module] = []  # the FSDP units below the root, children first
         self._steps: dict[str, ForwardRedirection] = {}
         self._optimizers: list[Optimizer] = []
@@ -176,20 +180,21 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         if self._root is not None and self._root.module is module:
             self.model = self._root  # a later stage (e.g. validate after fit): the module is already sharded
             return self.model
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
         module = self.precision.convert_module(module)
-        if self.sync_module_states and self.world_size > 1:
+        deferred = has_meta_tensors(module)  # built on meta: every rank initialises its own shards below
+        if self.sync_module_states and self.world_size > 1 and not deferred:
             _broadcast_states(module, self.root_device)
-        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
-        options = dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=self._mp_policy(),
-                       offload_policy=self._offload_policy())  # fmt: skip
+        options = self._shard_options(self.device_mesh)
         self._units = wrap_targets(module, self.auto_wrap_policy)
         for target in self._units:
-            fully_shard(target, **options)
+            if not isinstance(target, FSDPModule):  # configure_model may have sharded it already
+                fully_shard(target, **options)
         root = _Root(module)
         fully_shard(root, **options)
+        if materialize(module, self.root_device, seed=self._init_seed()) and self.world_size > 1:
+            _broadcast_states(module, self.root_device, buffers_only=True)  # FSDP shards parameters, not buffers
         self.module, self.model, self._root = module, root, root
         self._steps = {}
         return root
@@ -201,6 +206,34 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
 
         for unit in self._units or [module]:
             compile_forward(unit, options)
+
+    @property
+    def device_mesh(self) -> Any:
+        """A 1-D ``DeviceMesh`` over every rank (dim ``"dp_shard"``), created when first asked for (after the
+        process group exists: in ``configure_model`` and later)."""
+        if self._mesh is None and dist.is_available() and dist.is_initialized():
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.root_device.type, (self.world_size,), mesh_dim_names=("dp_shard",))
+        return self._mesh
+
+    def module_init_context(self, empty_init: Optional[bool] = None) -> Any:
+        """Modules are built on the ``meta`` device (no memory) unless ``empty_init=False``; ``setup_module``
+        shards them and each rank materialises and initialises only its shards."""
+        from strategies.deferred_init import module_init_context
+
+        return module_init_context(self._init_device(), self.precision, empty_init, meta=empty_init is not False)
+
+    def _init_seed(self) -> Optional[int]:
+        # DTensor's random ops coordinate shards across ranks only on CUDA; elsewhere each rank draws from its own
+        # generator, so without distinct seeds every shard of a tensor would get the same values.
+        if self.root_device.type == "cuda":
+            return None
+        return (torch.initial_seed() + 1_000_003 * (self.global_rank + 1)) % 2**63
+
+    def _shard_options(self, mesh: Any) -> dict[str, Any]:
+        return dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=self._mp_policy(),
+                    offload_policy=self._offload_policy())  # fmt: skip
 
     def _mp_policy(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -338,9 +371,13 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         gathered = not saved.get("reduced") and saved.get("world_size", 1) > 1  # one row per saving rank
         grads = {}
         for name, grad in saved["grads"].items():
-            param = params[name]
+            param = params.get(name)
+            if param is None or is_dtensor(grad):  # another pipeline stage's; already this rank's shard
+                if param is not None:
+                    grads[name] = grad
+                continue
             full = (grad.mean(0) if gathered else grad).to(param.device, param.dtype)
-            grads[name] = distribute_tensor(full, param.device_mesh, param.placements)
+            grads[name] = distribute_tensor(full, param.device_mesh, param.placements) if is_dtensor(param) else full
         return {**saved, "grads": grads, "reduced": True}
 
     def teardown(self) -> None:
@@ -348,10 +385,10 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         super().teardown()
 
 
-def _broadcast_states(module: nn.Module, device: torch.device) -> None:
+def _broadcast_states(module: nn.Module, device: torch.device, buffers_only: bool = False) -> None:
     """Give every rank global rank 0's parameters and buffers (one tensor at a time, through ``device``)."""
     with torch.no_grad():
-        for tensor in itertools.chain(module.parameters(), module.buffers()):
+        for tensor in itertools.chain(() if buffers_only else module.parameters(), module.buffers()):
             staged = tensor.detach().to(device)
             dist.broadcast(staged, src=0)
             if staged is not tensor:

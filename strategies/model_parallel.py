@@ -18,6 +18,7 @@ child's device: combine them with its own parameters only after ``.to(...)``, or
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -29,8 +30,33 @@ from strategies.precision import Precision
 from strategies.strategy import Strategy, move_to_device
 
 
-class ModelParallelStrategy(Strategy):
-    """Split one module across the devices of this process.
+_MESH_ARGUMENTS = ("data_parallel_size", "tensor_parallel_size", "save_distributed_checkpoint", "process_group_backend",
+                   "timeout", "cluster_environment")  # fmt: skip
+_DEVICE_MAP_ARGUMENTS = ("device_map", "max_memory", "no_split_module_classes")
+
+
+class _EitherForm(type):
+    """``isinstance(s, ModelParallelStrategy)`` also holds for the Lightning (device-mesh) form it builds."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if type.__instancecheck__(cls, obj):
+            return True
+        mesh_form = sys.modules.get("strategies.nd_parallel")
+        return cls is ModelParallelStrategy and mesh_form is not None and isinstance(
+            obj, mesh_form.LightningModelParallelStrategy)  # fmt: skip
+
+
+class ModelParallelStrategy(Strategy, metaclass=_EitherForm):
+    """Split one module across the devices of this process, or (Lightning's form) across processes on a 2-D mesh.
+
+    Two forms, one name:
+
+    - ``ModelParallelStrategy(device_map=..., max_memory=..., no_split_module_classes=...)`` and
+      ``strategy="model_parallel"``: one process, the layers placed on its several devices (this class).
+    - ``ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size="auto", save_distributed_checkpoint=True,
+      process_group_backend=None, timeout=...)`` as in Lightning: one process per device on a 2-D ``DeviceMesh``
+      with dims ``"data_parallel"`` and ``"tensor_parallel"``; ``configure_model`` applies the TP plan and may call
+      ``fully_shard``. It builds a :class:`strategies.nd_parallel.LightningModelParallelStrategy`.
 
     Args:
         device_map: ``"auto"`` or ``{submodule name: device}`` (a device, ``"cuda:1"``, or an index into the
@@ -42,6 +68,20 @@ class ModelParallelStrategy(Strategy):
     """
 
     strategy_name = "model_parallel"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        lightning = [name for name in _MESH_ARGUMENTS if name in kwargs]
+        if cls is ModelParallelStrategy and (lightning or (args and isinstance(args[0], int))):
+            mixed = [name for name in _DEVICE_MAP_ARGUMENTS if name in kwargs]
+            if mixed or (args and not isinstance(args[0], int)):
+                raise ConfigurationError(
+                    f"ModelParallelStrategy got {lightning} (the device-mesh form: one process per device) and "
+                    f"{mixed or 'a device map'} (the device-map form: one process, several devices). Use one form."
+                )
+            from strategies.nd_parallel import LightningModelParallelStrategy
+
+            return LightningModelParallelStrategy(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,

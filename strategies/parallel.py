@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
 import os
+import sys
 from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from strategies import hang_report
 from strategies.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from strategies.errors import ConfigurationError
 from strategies.precision import Precision
@@ -33,12 +36,40 @@ def _distributed_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def world_size_of_job() -> int:
+    """Processes in the default process group (1 without one)."""
+    return dist.get_world_size() if _distributed_ready() else 1
+
+
+def _elastic_attempt_store(env: ClusterEnvironment, rank: int, world: int,
+                           timeout: Optional[datetime.timedelta]) -> Optional[Any]:  # fmt: skip
+    """Under torchrun, the agent's store with a prefix per restart attempt.
+
+    The elastic agent keeps one store (and port) across restarts, so the keys the previous attempt's groups
+    wrote are still there; a restarted rank could read a dead peer's address from them before the live peer
+    overwrites it ("Gloo connectFullMesh failed ... Connection refused"). A prefix per attempt cannot collide."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if "TORCHELASTIC_RUN_ID" not in os.environ or attempt is None:
+        return None
+    from torch.distributed.rendezvous import _create_c10d_store
+
+    store = _create_c10d_store(env.main_address, int(env.main_port), rank, world, timeout or dist.default_pg_timeout)
+    return dist.PrefixStore(f"/trainer/attempt_{attempt}", store)
+
+
+_MONITOR: dict[str, Any] = {}  # the monitoring group of this process's default process group (and which one)
+
+
 class ParallelStrategy(Strategy):
     """One process per device, on one or several nodes; a base for DDP and sharded strategies.
 
     ``start_method``: ``"popen"`` re-runs the script for the other ranks (``"ddp"``); ``"spawn"``,
     ``"fork"``, ``"forkserver"`` start them with ``torch.multiprocessing`` for each stage (``"ddp_spawn"``).
     Under torchrun or SLURM nothing is launched: the strategy joins the job.
+
+    ``timeout`` is the process-group timeout while the job starts (torch's default when None); after the first
+    optimizer step it becomes ``train_timeout`` (default 300 s; None keeps ``timeout``), so a rank that stops
+    answering ends the job within minutes, with a message naming it (:mod:`strategies.hang_report`).
     """
 
     is_distributed = True
@@ -52,6 +83,7 @@ class ParallelStrategy(Strategy):
         timeout: Union[None, float, datetime.timedelta] = None,
         start_method: str = "popen",
         precision: Optional[Precision] = None,
+        train_timeout: Union[None, float, datetime.timedelta] = hang_report.DEFAULT_TRAIN_TIMEOUT_S,
     ) -> None:
         super().__init__(precision=precision)
         if start_method not in START_METHODS:
@@ -64,11 +96,13 @@ class ParallelStrategy(Strategy):
         self.cluster_environment = cluster_environment
         self.process_group_backend = process_group_backend
         self.timeout = _as_timedelta(timeout)
+        self.train_timeout = _as_timedelta(train_timeout)
         self.start_method = start_method
         self.parallel_devices: list[torch.device] = [self._root_device]
         self.num_nodes = 1
         self._ranks: Optional[tuple[int, int, int, int]] = None  # (world size, global, local, node) once set up
         self._owns_process_group = False
+        self._monitor_group: Any = None  # gloo group of the monitored barriers (strategies.hang_report)
 
     def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
         super().connect(devices, num_nodes, precision)
@@ -133,6 +167,11 @@ class ParallelStrategy(Strategy):
             return self.process_group_backend
         return "nccl" if self.root_device.type == "cuda" else "gloo"
 
+    def _init_device(self) -> torch.device:
+        # Trainer.init_module() may run before setup_environment picked this rank's device.
+        local_rank = self.local_rank
+        return self.parallel_devices[local_rank] if local_rank < len(self.parallel_devices) else self.root_device
+
     def setup_environment(self) -> None:
         """Read this process's ranks, pick its device, join (or create) the process group."""
         env = self.cluster_environment
@@ -151,6 +190,7 @@ class ParallelStrategy(Strategy):
             torch.cuda.set_device(self._root_device)
         rank_zero_only.rank = self._ranks[1]
         self._init_process_group(env)
+        self._start_monitoring()
         super().setup_environment()
 
     def _init_process_group(self, env: ClusterEnvironment) -> None:
@@ -166,14 +206,53 @@ class ParallelStrategy(Strategy):
             return
         os.environ["MASTER_ADDR"] = env.main_address
         os.environ["MASTER_PORT"] = str(env.main_port)
+        if self.process_group_backend_name == "nccl":
+            hang_report.flight_recorder_env()  # read when the NCCL backend is created
         options: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
+        store = _elastic_attempt_store(env, rank, world, self.timeout)
+        if store is not None:
+            options["store"] = store
         dist.init_process_group(self.process_group_backend_name, rank=rank, world_size=world, **options)
         self._owns_process_group = True
         atexit.register(self._destroy_process_group)
 
+    def _start_monitoring(self) -> None:
+        """Create (once per process group) the gloo group of the monitored barriers, and meet there."""
+        if world_size_of_job() < 2:
+            return
+        default = dist.distributed_c10d._get_default_group()
+        if _MONITOR.get("for") is not default:
+            _MONITOR.update({"for": default, "group": hang_report.create_monitor_group(self.timeout)})
+        self._monitor_group = _MONITOR["group"]
+        self.barrier("start-up")
+
+    @property
+    def barrier_timeout(self) -> datetime.timedelta:
+        """How long a barrier waits for every rank: the start-up timeout (a barrier may wait for rank 0's I/O)."""
+        return self.timeout or dist.default_pg_timeout
+
+    def after_first_step(self) -> None:
+        """The job runs: shorten the process-group timeout to ``train_timeout`` (only a group this strategy made)."""
+        if self._owns_process_group and self.train_timeout is not None and _distributed_ready():
+            current = self.timeout or dist.default_pg_timeout
+            if self.train_timeout < current:
+                dist.distributed_c10d._set_pg_timeout(self.train_timeout)
+
+    def unresponsive_ranks(self) -> Optional[list[int]]:
+        """After a collective timed out: the ranks that do not answer a monitored barrier (see
+        :func:`strategies.hang_report.unresponsive_ranks`); ``None`` when that cannot be told."""
+        if self._monitor_group is None or not _distributed_ready():
+            return None
+        wait = min(self.train_timeout or self.barrier_timeout, datetime.timedelta(seconds=30))
+        return hang_report.unresponsive_ranks(self._monitor_group, wait)
+
     # ------------------------------------------------------------------ collectives
     def barrier(self, name: Optional[str] = None) -> None:
+        """Wait for every rank; one that does not arrive within :attr:`barrier_timeout` is named (``HangError``)."""
         if not _distributed_ready():
+            return
+        if self._monitor_group is not None:
+            hang_report.monitored_barrier(self._monitor_group, name or "barrier", self.barrier_timeout)
             return
         if self.process_group_backend_name == "nccl":
             dist.barrier(device_ids=[self.root_device.index])
@@ -225,18 +304,33 @@ class ParallelStrategy(Strategy):
         ParallelStrategy._last_stage_clean = True
 
     def _destroy_process_group(self) -> None:
-        # Only if this process's last stage (of any Trainer sharing the group) ended cleanly: after a failure
-        # a peer may be gone and meeting it could block.
-        if self._owns_process_group and ParallelStrategy._last_stage_clean and _distributed_ready():
+        """At exit: meet the other ranks if nothing failed, then destroy the group while Python is still alive.
+
+        A gloo group left to interpreter finalization can abort the process ("terminate called without an
+        active exception", pytorch#190489): its worker threads still hold tensors when the interpreter goes.
+        So it is destroyed whenever this process owns it, also in scripts (the Engine's) whose last stage
+        never reached ``teardown``, and so is every object still holding it. Only the barrier depends on a
+        clean end: after a failure a peer may be gone and meeting it could block. An NCCL group after a
+        failure is left to the launcher, as destroying communicators with a peer gone can block too.
+        """
+        if not (self._owns_process_group and _distributed_ready()):
+            self._owns_process_group = False
+            return
+        self._owns_process_group = False
+        # Wrappers that hold the group (a DDP reducer) can outlive their stage in reference cycles; collected
+        # only at interpreter finalization, they would destroy the gloo group there and abort the same way.
+        gc.collect()
+        ended_cleanly = ParallelStrategy._last_stage_clean and getattr(sys, "last_value", None) is None
+        if ended_cleanly:
             # Meet first: a rank that closes its connections while a peer is still finishing the last
-            # collective can make that peer's exit abort (seen rarely with gloo as
-            # "terminate called without an active exception").
+            # collective can make that peer's exit abort.
             try:
                 self.barrier("exit")
             except Exception:  # a peer already left; destroying locally is still right
                 pass
-            dist.destroy_process_group()
-        self._owns_process_group = False
+        elif self.process_group_backend_name == "nccl":
+            return
+        dist.destroy_process_group()
 
     def __repr__(self) -> str:
         return (

@@ -85,6 +85,11 @@ class Precision:
         """Context that wraps every ``*_step`` call (autocast for mixed precision)."""
         return _NULL_CONTEXT
 
+    def init_context(self) -> ContextManager:
+        """Context in which modules are built (``Trainer.init_module``, ``configure_model``): new floating tensors
+        get the dtype the weights will have ("-true" precisions), so no float32 copy is made first."""
+        return _NULL_CONTEXT
+
     def convert_output(self, data: Any) -> Any:
         """Convert what a module's forward returned, when the caller computes on it outside
         :meth:`forward_context` (a hand-written loop's loss). Identity here."""
@@ -150,6 +155,9 @@ class DoublePrecision(Precision):
     def forward_context(self) -> ContextManager:
         return _default_dtype(torch.float64)
 
+    def init_context(self) -> ContextManager:
+        return _default_dtype(torch.float64)
+
 
 class HalfPrecision(Precision):
     """"16-true"/"bf16-true": weights, inputs and optimizer state all in float16/bfloat16 (no master copy).
@@ -186,6 +194,9 @@ class HalfPrecision(Precision):
         return _apply_to_floating(data, self.dtype)
 
     def forward_context(self) -> ContextManager:
+        return _default_dtype(self.dtype)
+
+    def init_context(self) -> ContextManager:
         return _default_dtype(self.dtype)
 
 

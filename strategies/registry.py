@@ -17,7 +17,19 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "zero2": ("strategies.zero", "Zero2Strategy", {}, ""),
     "fsdp": ("strategies.fsdp", "FSDPStrategy", {}, ""),
     "model_parallel": ("strategies.model_parallel", "ModelParallelStrategy", {}, ""),
+    "nd_parallel": ("strategies.nd_parallel", "NDParallelStrategy", {}, ""),
     "deepspeed": ("strategies.deepspeed", "DeepSpeedStrategy", {}, "deepspeed"),
+    # Lightning's spellings of common set-ups
+    "ddp_find_unused_parameters_true": ("strategies.ddp", "DDPStrategy", {"find_unused_parameters": True}, ""),
+    "ddp_fork": ("strategies.ddp", "DDPStrategy", {"start_method": "fork"}, ""),
+    "ddp_notebook": ("strategies.ddp", "DDPStrategy", {"start_method": "fork"}, ""),
+    "deepspeed_stage_1": ("strategies.deepspeed", "DeepSpeedStrategy", {"stage": 1}, "deepspeed"),
+    "deepspeed_stage_2": ("strategies.deepspeed", "DeepSpeedStrategy", {"stage": 2}, "deepspeed"),
+    "deepspeed_stage_2_offload": ("strategies.deepspeed", "DeepSpeedStrategy", {"stage": 2, "offload_optimizer": True},
+                                  "deepspeed"),
+    "deepspeed_stage_3": ("strategies.deepspeed", "DeepSpeedStrategy", {"stage": 3}, "deepspeed"),
+    "deepspeed_stage_3_offload": ("strategies.deepspeed", "DeepSpeedStrategy",
+                                  {"stage": 3, "offload_optimizer": True, "offload_parameters": True}, "deepspeed"),
 }
 
 

@@ -14,7 +14,9 @@ format) rather than by index, which is what lets DCP reshard them: a folder writ
 ranks, into another sharded strategy, or into one process (:func:`load_full`, :func:`consolidate`).
 
 Writes are atomic: the ranks write into a temporary folder beside the target, which global rank 0 renames
-once every rank has finished. Reads are safe: DCP's ``.metadata`` is unpickled through an allow-list of the
+once every rank has finished, after writing ``manifest.json`` (the size and CRC-32 of every file, checked before
+a load) last (:mod:`strategies.sharded_storage`; also for fsspec URLs). With a :class:`BackgroundWriter` the
+shards go through ``dcp.async_save`` and the commit happens in the writer thread. Reads are safe: DCP's ``.metadata`` is unpickled through an allow-list of the
 classes it consists of, tensors are read with ``weights_only=True`` and ``meta.pt`` through ``safe_load``;
 DCP entries that would be unpickled as arbitrary objects are refused.
 """
@@ -30,17 +32,12 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies.checkpoint_io import (
-    CheckpointError,
-    atomic_save,
-    remove_stale_temporaries,
-    replace_folder,
-    safe_load,
-    temporary_name,
-)
+from strategies import sharded_storage, storage
+from strategies.checkpoint_io import CheckpointError, atomic_save, safe_load, verify_once
 from strategies.errors import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from strategies.async_checkpoint import BackgroundWriter
     from strategies.strategy import Strategy
 
 SHARDED_SECTIONS = ("state_dict", "optimizer_states", "accumulated_grads")
@@ -52,6 +49,8 @@ _HOLE = None  # where a tensor sat in a list of the skeleton
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
     """True when ``path`` is a folder written by :func:`save_sharded`."""
+    if storage.is_remote(path):
+        return storage.isfile(storage.join(path, ".metadata")) and storage.isfile(storage.join(path, META_FILE))
     path = Path(path)
     return path.is_dir() and (path / ".metadata").is_file() and (path / META_FILE).is_file()
 
@@ -167,17 +166,16 @@ class _MetadataUnpickler(pickle.Unpickler):
         )
 
 
-def _reader(path: Path) -> Any:
-    from torch.distributed.checkpoint import FileSystemReader
+def _reader(path: Any) -> Any:
     from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-    class SafeReader(FileSystemReader):
+    class SafeReader(sharded_storage.reader_base(str(path))):  # type: ignore[misc]
         """DCP's file reader with an allow-list unpickler for the metadata (DCP itself uses plain pickle)."""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
             rank = kwargs.get("rank")
             name = ".metadata" if rank is None else f"__{rank}.metadata"
-            with open(Path(self.path) / name, "rb") as f:
+            with storage.open_read(storage.join(str(path), name)) as f:
                 metadata = _MetadataUnpickler(f).load()
             if not isinstance(metadata, Metadata):
                 raise CheckpointError(f"'{path}' has no valid DCP metadata.")
@@ -190,41 +188,55 @@ def _reader(path: Path) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- save / load
-def save_sharded(strategy: "Strategy", checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
+def save_sharded(strategy: "Strategy", checkpoint: dict[str, Any], path: str | os.PathLike,
+                 writer: Optional["BackgroundWriter"] = None) -> None:  # fmt: skip
     """Write ``checkpoint`` as a sharded folder at ``path``. Every rank calls; each writes the shards it holds.
 
-    The tensors of :data:`SHARDED_SECTIONS` go through ``dcp.save``; the rest is global rank 0's (every rank
-    holds the same values there, except the RNG state, which is rank 0's as in a full checkpoint).
+    The tensors of :data:`SHARDED_SECTIONS` go through ``dcp.save`` (``dcp.async_save`` with a ``writer``); the
+    rest is global rank 0's (every rank holds the same values there, except the RNG state, which is rank 0's as
+    in a full checkpoint).
     """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    target = Path(path)
+    target = os.fspath(path)
     sections = {k: checkpoint[k] for k in SHARDED_SECTIONS if k in checkpoint}
     skeleton, tensors = _split(sections)
     rest = {k: v for k, v in checkpoint.items() if k not in sections}
     distributed = dist.is_available() and dist.is_initialized()
-    tmp = Path(strategy.broadcast(str(temporary_name(target))))
+    if writer is not None:
+        writer.wait()  # at most one save in flight; it may still be writing into the previous temporary folder
+    tmp = strategy.broadcast(sharded_storage.temporary_folder(target))
     if strategy.is_global_zero:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(target)
-        tmp.mkdir()
+        sharded_storage.prepare_folder(target, tmp)
     if distributed:
         skeletons: Optional[list[Any]] = [None] * dist.get_world_size() if strategy.is_global_zero else None
         dist.gather_object(skeleton, skeletons, dst=0)  # small: everything but the tensors
         for other in (skeletons or [])[1:]:
             skeleton = _merge(skeleton, other)
     strategy.barrier("save_sharded")  # the folder exists before any rank writes into it
-    from torch.distributed.checkpoint import FileSystemWriter
-
+    info = {"format_version": FORMAT_VERSION, "world_size": strategy.world_size}
+    meta = {**rest, "sharded_sections": skeleton, "sharded_checkpoint": info} if strategy.is_global_zero else None
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process")
-        dcp.save(tensors, storage_writer=FileSystemWriter(str(tmp), sync_files=True), no_dist=not distributed)
-    if strategy.is_global_zero:
-        meta = {**rest, "sharded_sections": skeleton,
-                "sharded_checkpoint": {"format_version": FORMAT_VERSION, "world_size": strategy.world_size}}  # fmt: skip
-        atomic_save(meta, tmp / META_FILE)
-        replace_folder(tmp, target)
+        if writer is None:
+            dcp.save(tensors, storage_writer=sharded_storage.dcp_writer(tmp), no_dist=not distributed)
+        else:
+            meta = writer.stager.stage(meta)  # e.g. a callback's tensors: the training goes on changing them
+            future = dcp.async_save(tensors, storage_writer=sharded_storage.dcp_writer(tmp), no_dist=not distributed,
+                                    process_group=writer.process_group(), async_stager=writer.dcp_stager())  # fmt: skip
+    if writer is None:
+        if meta is not None:
+            sharded_storage.commit_folder(meta, tmp, target, META_FILE, info)
+        return
+
+    def finish() -> None:
+        future.result()
+        if meta is not None:
+            writer.stager.wait_for_copies()
+            sharded_storage.commit_folder(meta, tmp, target, META_FILE, info)
+
+    writer.submit(finish, target)
 
 
 def load_sharded(
@@ -244,13 +256,16 @@ def load_sharded(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    path = Path(path)
+    path = os.fspath(path) if storage.is_remote(path) else Path(path)
     if not is_sharded_checkpoint(path):
         raise CheckpointError(
             f"'{path}' is not a sharded checkpoint folder (it needs '.metadata' and '{META_FILE}'); it may be an "
             "interrupted copy."
         )
-    meta = safe_load(path / META_FILE)
+    distributed = distributed and dist.is_available() and dist.is_initialized()
+    if not distributed or dist.get_rank() == 0:  # the "last" lookup checked it already on rank 0 (then cached)
+        verify_once(path)
+    meta = safe_load(storage.join(path, META_FILE))
     info = meta.pop("sharded_checkpoint", {})
     if info.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"'{path}' has sharded format {info['format_version']}; upgrade the trainer package.")
@@ -268,7 +283,6 @@ def load_sharded(
             request[key] = wanted[key]
         elif keep_untemplated is None or keep_untemplated(key):
             request[key] = torch.empty(stored.size, dtype=stored.properties.dtype)
-    distributed = distributed and dist.is_available() and dist.is_initialized()
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
@@ -297,13 +311,16 @@ def load_full(path: str | os.PathLike) -> dict[str, Any]:
 def consolidate(src: str | os.PathLike, dst: str | os.PathLike) -> dict[str, Any]:
     """Turn the sharded folder ``src`` into one full checkpoint file ``dst`` (loadable with
     ``torch.load(dst, weights_only=True)``); returns the checkpoint."""
-    src, dst = Path(src), Path(dst)
-    if not src.exists():
+    src, dst = os.fspath(src), os.fspath(dst)
+    if not storage.exists(src):
         raise FileNotFoundError(f"Sharded checkpoint not found: '{src}'.")
     if not is_sharded_checkpoint(src):
-        hint = " It is already a single-file checkpoint." if src.is_file() else ""
+        hint = " It is already a single-file checkpoint." if storage.isfile(src) else ""
         raise CheckpointError(f"'{src}' is not a sharded checkpoint folder (no '.metadata' and '{META_FILE}').{hint}")
-    if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents:
+    inside = dst.rstrip("/") == src.rstrip("/") or dst.startswith(src.rstrip("/") + "/")
+    if not storage.is_remote(src) and not storage.is_remote(dst):
+        inside = Path(dst).resolve() == Path(src).resolve() or Path(src).resolve() in Path(dst).resolve().parents
+    if inside:
         raise ConfigurationError(f"The output '{dst}' must lie outside the sharded folder '{src}'.")
     checkpoint = load_full(src)
     atomic_save(checkpoint, dst)
@@ -326,10 +343,18 @@ class ShardedCheckpointIO:
         if self.state_dict_type == "sharded":
             save_sharded(self, checkpoint, path)  # type: ignore[arg-type]
             return
-        grads = checkpoint.get("accumulated_grads")
-        if grads and any(is_dtensor(g) for g in grads["grads"].values()):  # gathered on every rank (collective)
-            grads["grads"] = {k: g.full_tensor() if is_dtensor(g) else g for k, g in grads["grads"].items()}
+        _gather_accumulated_grads(checkpoint)
         super().save_checkpoint(checkpoint, path)  # type: ignore[misc]
+
+    def save_checkpoint_async(self, checkpoint: dict[str, Any], path: str | os.PathLike,
+                              writer: "BackgroundWriter") -> None:  # fmt: skip
+        """As :meth:`save_checkpoint`, written in ``writer``'s thread (``dcp.async_save`` for folders)."""
+        if self.state_dict_type == "sharded":
+            save_sharded(self, checkpoint, path, writer)  # type: ignore[arg-type]
+            return
+        _gather_accumulated_grads(checkpoint)
+        if self.is_global_zero:  # type: ignore[attr-defined]
+            writer.save_file(checkpoint, path)
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """A sharded folder (each rank reads its shards, in any world size) or a full file."""
@@ -344,6 +369,12 @@ class ShardedCheckpointIO:
     def keep_untemplated(self, key: str) -> bool:
         """Whether to read a stored tensor that has no template whole (default: yes)."""
         return True
+
+
+def _gather_accumulated_grads(checkpoint: dict[str, Any]) -> None:
+    grads = checkpoint.get("accumulated_grads")
+    if grads and any(is_dtensor(g) for g in grads["grads"].values()):  # gathered on every rank (collective)
+        grads["grads"] = {k: g.full_tensor() if is_dtensor(g) else g for k, g in grads["grads"].items()}
 
 
 def parameter_names(module: nn.Module, optimizer: Optimizer) -> list[str]:

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies.checkpoint_io import atomic_save, safe_load
+from strategies.checkpoint_io import CheckpointIO, atomic_save, remove_checkpoint, safe_load
+from strategies.errors import ConfigurationError
 from strategies.precision import Precision
+
+if TYPE_CHECKING:  # pragma: no cover
+    from strategies.async_checkpoint import BackgroundWriter
 
 _NULL_CONTEXT = contextlib.nullcontext()
 
@@ -33,6 +37,14 @@ def move_to_device(data: Any, device: torch.device) -> Any:
     if hasattr(data, "to") and callable(data.to):  # e.g. a user batch class with .to(device)
         return data.to(device)
     return data
+
+
+def materialize_on(module: nn.Module, device: torch.device) -> None:
+    """A module built on the ``meta`` device gets storage on ``device`` and is initialised (unsharded strategies)."""
+    if any(p.is_meta for p in module.parameters()) or any(b.is_meta for b in module.buffers()):
+        from strategies.deferred_init import materialize
+
+        materialize(module, device)
 
 
 class Strategy:
@@ -59,6 +71,8 @@ class Strategy:
         self.module: Optional[nn.Module] = None  # the user's module, unwrapped
         self.model: Optional[nn.Module] = None  # what runs the forward (may be a DDP/DP wrapper)
         self.launcher: Any = None
+        #: Writes, reads and deletes single-file checkpoints when set (``Trainer(plugins=[CheckpointIO()])``).
+        self.checkpoint_io: Optional[CheckpointIO] = None
         self._clip_params: dict[int, list[Tensor]] = {}
         self._cuda_copy: Any = None  # a SideStreamCopy, made at the first CUDA batch
 
@@ -114,9 +128,26 @@ class Strategy:
         """Prepare the process (device selection, process group). Called once per fit/validate/test."""
         self.precision.setup(self.root_device)
 
+    @property
+    def device_mesh(self) -> Any:
+        """The ``DeviceMesh`` the module is laid out on (``TrainModule.device_mesh``); ``None`` without one."""
+        return None
+
     # ------------------------------------------------------------------ module and optimizers
+    def module_init_context(self, empty_init: Optional[bool] = None) -> ContextManager:
+        """Where ``Trainer.init_module()`` and ``configure_model()`` build modules: this process's device in the
+        precision's dtype; ``empty_init=True`` skips random initialisation (weights about to be loaded).
+        Sharded strategies build on the ``meta`` device instead (see :mod:`strategies.deferred_init`)."""
+        from strategies.deferred_init import module_init_context
+
+        return module_init_context(self._init_device(), self.precision, empty_init, meta=False)
+
+    def _init_device(self) -> torch.device:
+        return self.root_device
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Convert the module for the precision, move it to the device and wrap it. Returns the runner."""
+        materialize_on(module, self.root_device)
         self.module = self.precision.convert_module(module).to(self.root_device)
         self.model = self.module
         return self.model
@@ -224,6 +255,13 @@ class Strategy:
         """Agree on a flag: ``all=True`` → every rank must say True; ``False`` → any rank suffices."""
         return decision
 
+    def after_first_step(self) -> None:
+        """Training has taken its first optimizer step (multi-process strategies shorten their timeout here)."""
+
+    def unresponsive_ranks(self) -> Optional[list[int]]:
+        """After a collective timed out: the ranks that stopped answering, or ``None`` when that cannot be told."""
+        return None
+
     # ------------------------------------------------------------------ checkpoints
     def module_state_dict(self, module: Optional[nn.Module] = None) -> dict[str, Any]:
         """The state dict a checkpoint holds for ``module`` (a module this strategy set up; default the last):
@@ -247,15 +285,41 @@ class Strategy:
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
         """Write ``checkpoint`` atomically; only global rank 0 writes."""
         if self.is_global_zero:
-            atomic_save(checkpoint, path)
+            if self.checkpoint_io is not None:
+                self.checkpoint_io.save_checkpoint(checkpoint, path)
+            else:
+                atomic_save(checkpoint, path)
+
+    def save_checkpoint_async(self, checkpoint: dict[str, Any], path: str | Path, writer: "BackgroundWriter") -> None:
+        """Copy ``checkpoint``'s tensors now and write it in ``writer``'s thread (global rank 0 writes); see
+        :mod:`strategies.async_checkpoint`."""
+        if type(self).save_checkpoint is not Strategy.save_checkpoint:
+            raise ConfigurationError(
+                f"{type(self).__name__} writes its checkpoints itself and has no asynchronous mode; save with "
+                "asynchronous=False."
+            )
+        if self.is_global_zero:
+            writer.save_file(checkpoint, path)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint safely (``weights_only=True``); a sharded checkpoint folder is read whole."""
-        if Path(path).is_dir():
+        from strategies import storage
+
+        if storage.isdir(path):
             from strategies.sharded_checkpoint import load_full
 
             return load_full(path)
+        if self.checkpoint_io is not None:
+            return self.checkpoint_io.load_checkpoint(path, map_location="cpu")
         return safe_load(path, map_location="cpu")
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Delete a checkpoint this strategy wrote (file or folder); global rank 0 deletes."""
+        if self.is_global_zero:
+            if self.checkpoint_io is not None:
+                self.checkpoint_io.remove_checkpoint(path)
+            else:
+                remove_checkpoint(path)
 
     def teardown(self) -> None:
         """Release resources (process group, device caches)."""

@@ -1,9 +1,10 @@
 """``ZeroStrategy(stage=1|2)``: ZeRO-style data parallelism. ``strategy="zero1"`` and ``"zero2"``.
 
 - **Stage 1** (``Zero1Strategy``): DDP as usual (full parameters and gradients on every rank, gradients
-  all-reduced), but the optimizer is a ``torch.distributed.optim.ZeroRedundancyOptimizer`` around the user's:
-  each rank keeps the state of, and steps, only its partition of the parameters, then broadcasts the updated
-  parameters. Optimizer-state memory drops to about 1/world (Adam: 8 bytes per parameter become 8/world).
+  all-reduced), but the optimizer is a :class:`~strategies.sharded_optimizer.ShardedOptimizer` around the
+  user's: each rank keeps the state of, and steps, an even dim-0 slice of every parameter (a ``DTensor``
+  ``Shard(0)`` over all ranks, as FSDP2 lays parameters out), then the slices are all-gathered. Optimizer-state
+  memory drops to 1/world on every rank (Adam: 8 bytes per parameter become 8/world), whatever the sizes.
 - **Stage 2** (``Zero2Strategy``): FSDP2 with ``reshard_after_forward=False`` (SHARD_GRAD_OP): gradients and
   optimizer state are sharded, parameters are gathered once per step and kept from forward through backward.
   See :mod:`strategies.fsdp`.
@@ -11,7 +12,7 @@
 ``ZeroStrategy(stage=...)`` returns the class for that stage, so ``isinstance(s, ZeroStrategy)`` holds for both.
 
 Stage 1 and LR schedulers: the user's optimizer was built in ``configure_optimizers`` and the schedulers hold
-it. The ZeRO wrapper is rebuilt from its class, ``defaults`` and parameter groups, and shares the user
+it. The sharded optimizer is rebuilt from its class, ``defaults`` and parameter groups, and shares the user
 optimizer's ``param_groups`` list, so a scheduler changing ``lr`` there changes what ZeRO steps with.
 """
 from __future__ import annotations
@@ -30,10 +31,11 @@ from strategies.precision import Precision
 from strategies.sharded_checkpoint import (
     ShardedCheckpointIO,
     check_state_dict_type,
-    optimizer_parameters,
     optimizer_state_by_index,
+    optimizer_state_by_name,
     parameter_names,
 )
+from strategies.sharded_optimizer import ShardedOptimizer
 
 
 class ZeroStrategy(ParallelStrategy):
@@ -64,11 +66,12 @@ class Zero2Strategy(ZeroStrategy, FSDPStrategy):
 
 
 class Zero1Strategy(ShardedCheckpointIO, ZeroStrategy, DDPStrategy):
-    """ZeRO stage 1: DDP with each optimizer wrapped in ``ZeroRedundancyOptimizer``.
+    """ZeRO stage 1: DDP with each optimizer rebuilt as a :class:`~strategies.sharded_optimizer.ShardedOptimizer`
+    (every rank steps and keeps the state of an even dim-0 slice of every parameter).
 
     Args:
-        state_dict_type: ``"sharded"`` (checkpoint folders; each rank writes the optimizer state it owns, the
-            replicated weights are written once) or ``"full"`` (the optimizer state is consolidated on rank 0).
+        state_dict_type: ``"sharded"`` (checkpoint folders; each rank writes its slices of the optimizer state,
+            the replicated weights are written once) or ``"full"`` (the optimizer state is gathered on rank 0).
         **kwargs: as for ``DDPStrategy`` (``find_unused_parameters``, ``timeout``, ``process_group_backend``, ...).
     """
 
@@ -89,35 +92,28 @@ class Zero1Strategy(ShardedCheckpointIO, ZeroStrategy, DDPStrategy):
                              cluster_environment=cluster_environment, precision=precision, **ddp_kwargs)  # fmt: skip
         self.strategy_name = "zero1"
         self.state_dict_type = check_state_dict_type(state_dict_type)
-        self._users: dict[int, Optimizer] = {}  # id(ZeRO wrapper) -> the user's optimizer it replaced
-        self._owned: Optional[set[str]] = None  # parameters whose optimizer state this rank holds (None: no optimizer)
+        self._users: dict[int, Optimizer] = {}  # id(sharded wrapper) -> the user's optimizer it replaced
+        self._sharded: list[ShardedOptimizer] = []
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
-        """Replace each optimizer by a ``ZeroRedundancyOptimizer`` of the same class, options and groups."""
+        """Replace each optimizer by a :class:`ShardedOptimizer` of the same class, options and groups."""
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        wrapped = []
+        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        wrapped: list[Optimizer] = []
         self._users = {}
         for user in optimizers:
             if isinstance(user, ZeroRedundancyOptimizer):
-                wrapped.append(user)
-                continue
-            groups = [dict(group) for group in user.param_groups]
-            try:
-                zero = ZeroRedundancyOptimizer(groups, optimizer_class=type(user), **user.defaults)
-            except (TypeError, ValueError) as err:
                 raise ConfigurationError(
-                    f"strategy='zero1' could not rebuild {type(user).__name__} for ZeroRedundancyOptimizer from its "
-                    f"defaults ({err}). Return a ZeroRedundancyOptimizer from configure_optimizers yourself, or use "
-                    "strategy='zero2'."
-                ) from err
-            zero.param_groups = user.param_groups  # schedulers built on `user` now drive ZeRO's hyperparameters
-            self._users[id(zero)] = user
-            wrapped.append(zero)
-        self._owned = set()
-        for zero in wrapped:
-            names = dict(zip(map(id, optimizer_parameters(zero)), parameter_names(self.module, zero)))
-            self._owned.update(names[id(p)] for group in zero.optim.param_groups for p in group["params"])
+                    "configure_optimizers returned a ZeroRedundancyOptimizer, but strategy='zero1' shards the optimizer "
+                    "itself (evenly, by rows of every parameter). Return the plain optimizer (e.g. torch.optim.AdamW), "
+                    "or use strategy='ddp' to keep your ZeroRedundancyOptimizer."
+                )
+            sharded = user if isinstance(user, ShardedOptimizer) else ShardedOptimizer(user, mesh)
+            self._users[id(sharded)] = user
+            wrapped.append(sharded)
+        self._sharded = [opt for opt in wrapped if isinstance(opt, ShardedOptimizer)]
         return super().setup_optimizers(wrapped)
 
     def optimizer_step(self, optimizer: Optimizer, before_step: Any, closure: Any = None) -> bool:
@@ -129,45 +125,36 @@ class Zero1Strategy(ShardedCheckpointIO, ZeroStrategy, DDPStrategy):
 
     # ------------------------------------------------------------------ state dicts
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
-        """Sharded: the state of the parameters this rank owns, keyed by name. Full: consolidated on rank 0
-        (every rank must call; others get ``{}``)."""
-        local = getattr(optimizer, "optim", None)
-        if local is None:  # not a ZeRO optimizer
+        """Sharded: this rank's slices (DTensors), keyed by parameter name. Full: gathered, in torch's index-keyed
+        format, on rank 0 (every rank must call; others get ``{}``)."""
+        if not isinstance(optimizer, ShardedOptimizer):
             return super().optimizer_state_dict(optimizer)
         if self.state_dict_type == "full":
-            optimizer.consolidate_state_dict(to=0)
-            return optimizer.state_dict() if self.is_global_zero else {}
-        names = dict(zip(map(id, optimizer_parameters(optimizer)), parameter_names(self.module, optimizer)))
-        return {
-            "state": {names[id(p)]: dict(state) for p, state in local.state.items()},
-            "param_groups": [{**{k: v for k, v in group.items() if k != "params"},
-                              "params": [names[id(p)] for p in group["params"]]} for group in optimizer.param_groups],
-        }  # fmt: skip
+            state = optimizer.full_state_dict()
+            return state if self.is_global_zero else {}
+        return optimizer_state_by_name(optimizer.state_dict(), parameter_names(self.module, optimizer))
 
     def load_optimizer_state_dict(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
-        """Load a full or a sharded (any world size) state; each rank keeps the entries of its partition."""
-        if getattr(optimizer, "optim", None) is None:
+        """Load a sharded (name-keyed DTensors, from any world size or strategy) or full state; each rank keeps
+        its slices."""
+        if not isinstance(optimizer, ShardedOptimizer):
             return super().load_optimizer_state_dict(optimizer, state)
-        state = optimizer_state_by_index(state, parameter_names(self.module, optimizer))  # no-op when by index
-        shared = optimizer.param_groups
-        optimizer.load_state_dict(state)  # ZeRO keeps this rank's entries; it replaces param_groups with copies
-        for mine, loaded in zip(shared, optimizer.param_groups):
-            mine.update({k: v for k, v in loaded.items() if k != "params"})
-        optimizer.param_groups = shared
+        optimizer.load_state_dict(optimizer_state_by_index(state, parameter_names(self.module, optimizer)))
 
     def checkpoint_templates(self, sections: dict[str, Any]) -> dict[str, Any]:
-        """The replicated weights load in place; optimizer entries are read for the parameters this rank owns."""
-        return {"state_dict": self.module.state_dict()}
+        """The replicated weights load in place; the optimizer state into this rank's slices."""
+        templates: dict[str, Any] = {"state_dict": self.module.state_dict()}
+        if self._sharded and "optimizer_states" in sections:
+            templates["optimizer_states"] = [
+                optimizer_state_by_name(opt.initialised_state_dict(), parameter_names(self.module, opt))
+                for opt in self._sharded
+            ]
+        return templates
 
     def keep_untemplated(self, key: str) -> bool:
-        """Optimizer entries are read for the parameters this rank owns only (none while evaluating)."""
-        parts = key.split("/")
-        if parts[0] != "optimizer_states":
-            return True
-        if self._owned is None:
-            return False
-        return len(parts) < 4 or parts[2] != "state" or parts[3] in self._owned
+        """Without optimizers (evaluating) no optimizer entry is read."""
+        return bool(self._sharded) or key.split("/")[0] != "optimizer_states"
 
     def teardown(self) -> None:
-        self._owned = None
+        self._sharded = []
         super().teardown()

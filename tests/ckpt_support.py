@@ -63,6 +63,15 @@ def make_trainer(root: Any, **kwargs: Any) -> Trainer:
     return Trainer(**settings)
 
 
+def uninterrupted(root: Any, max_epochs: int) -> TinyRegressor:
+    """The reference a resumed fit must match: ``TinyRegressor`` (seed 0) trained ``max_epochs`` on :func:`loaders`
+    without stopping; the caller seeds 0 again before building the module it interrupts."""
+    torch.manual_seed(0)
+    reference = TinyRegressor()
+    make_trainer(root, max_epochs=max_epochs).fit(reference, *loaders())
+    return reference
+
+
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     """Bitwise equality of every parameter and buffer."""
     left, right = a.state_dict(), b.state_dict()

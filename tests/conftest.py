@@ -11,3 +11,7 @@ def _isolated_run(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     monkeypatch.chdir(tmp_path)
     yield
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one; make gpu-check runs them)")

@@ -39,8 +39,13 @@ def finish(process: subprocess.Popen, timeout: float = 180, expect: int = 0) -> 
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
+        # SIGTERM first: torchrun's agent then stops its workers, which run in sessions of their own.
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            output, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate(timeout=30)
         raise AssertionError(f"{' '.join(process.args)} did not finish within {timeout:.0f}s:\n{output}") from None
     if process.returncode != expect:
         raise AssertionError(f"{' '.join(process.args)} exited with {process.returncode}:\n{output}")

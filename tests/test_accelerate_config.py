@@ -67,13 +67,56 @@ def test_gpu_ids_become_cuda_visible_devices():
     assert config["env"] == {"CUDA_VISIBLE_DEVICES": "2,3"} and config["devices"] == 2
 
 
-def test_deepspeed_stages_and_accumulation_map_to_native_strategies():
-    for stage, strategy in ((1, "zero1"), (2, "zero2"), (3, "fsdp")):
-        config = translate(MULTI_GPU, distributed_type="DEEPSPEED", deepspeed_config={
-            "zero_stage": stage, "offload_optimizer_device": "none", "offload_param_device": "none",
-            "gradient_accumulation_steps": 4, "zero3_init_flag": False})  # fmt: skip
-        assert config["trainer"] == {"precision": "bf16-mixed", "accelerator": "gpu", "strategy": strategy,
-                                     "accumulate_grad_batches": 4}  # fmt: skip
+# What `accelerate config` writes for DeepSpeed ZeRO-3 with CPU offload on one machine: same_network false as
+# every file of that tool carries it, and use_cpu (DeepSpeed's ZeRO runs on CPU ranks with gloo).
+DEEPSPEED_CPU = """
+compute_environment: LOCAL_MACHINE
+debug: false
+deepspeed_config:
+  gradient_accumulation_steps: 4
+  offload_optimizer_device: cpu
+  offload_param_device: none
+  zero3_init_flag: true
+  zero3_save_16bit_model: true
+  zero_stage: 3
+distributed_type: DEEPSPEED
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+machine_rank: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: false
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: true
+"""
+
+
+def test_a_deepspeed_file_launches_the_deepspeed_strategy_with_its_settings():
+    assert translate(DEEPSPEED_CPU) == {"num_nodes": 1, "devices": 2, "trainer": {
+        "precision": "32-true", "accelerator": "cpu", "accumulate_grad_batches": 4,
+        "strategy": {"class_path": "strategies.deepspeed.DeepSpeedStrategy", "init_args": {
+            "stage": 3, "offload_optimizer": "cpu", "zero3_init": True, "save_16bit_model": True}}}}  # fmt: skip
+    nvme = translate(MULTI_GPU, distributed_type="DEEPSPEED", deepspeed_config={
+        "zero_stage": 2, "offload_optimizer_device": "nvme", "offload_optimizer_nvme_path": "/nvme",
+        "offload_param_device": "none", "gradient_clipping": 1.0, "deepspeed_multinode_launcher": "standard"})  # fmt: skip
+    assert nvme["trainer"]["strategy"]["init_args"] == {"stage": 2, "offload_optimizer": "nvme", "nvme_path": "/nvme",
+                                                        "config": {"gradient_clipping": 1.0}}  # fmt: skip
+    assert nvme["trainer"]["gradient_clip_val"] == 1.0 and nvme["trainer"]["accelerator"] == "gpu"
+    from_file = translate(MULTI_GPU, distributed_type="DEEPSPEED", deepspeed_config={"deepspeed_config_file": "ds.json"})
+    assert from_file["trainer"]["strategy"]["init_args"] == {"config": "ds.json", "stage": 2}
+
+
+def test_the_multi_gpu_file_accelerate_config_writes_with_same_network_false_is_accepted():
+    one_machine = MULTI_GPU.replace("machine_rank: 1", "machine_rank: 0").replace("num_machines: 2", "num_machines: 1")
+    config = translate(one_machine.replace("num_processes: 8", "num_processes: 2"), same_network=False,
+                       enable_cpu_affinity=False, tp_config={}, tpu_vm=None)  # fmt: skip
+    assert config == {"num_nodes": 1, "devices": 2, "main_address": "10.0.0.4", "main_port": 5000,
+                      "trainer": {"precision": "bf16-mixed", "accelerator": "gpu", "strategy": "ddp"}}  # fmt: skip
 
 
 def test_fsdp_sharding_strategies_map_and_tuning_keys_are_ignored_with_a_warning():
@@ -96,18 +139,22 @@ def test_fsdp_sharding_strategies_map_and_tuning_keys_are_ignored_with_a_warning
     ({"rdzv_backend": "c10d"}, "rdzv_backend: 'c10d'"),
     ({"compute_environment": "AMAZON_SAGEMAKER"}, "compute_environment: 'AMAZON_SAGEMAKER' cannot be honoured"),
     ({"downcast_bf16": "yes"}, "downcast_bf16: 'yes' cannot be honoured"),
-    ({"dynamo_backend": "INDUCTOR"}, "dynamo_backend: 'INDUCTOR' cannot be honoured"),
+    ({"enable_cpu_affinity": True}, "enable_cpu_affinity: True cannot be honoured"),
     ({"tpu_use_cluster": True}, "tpu_use_cluster: True cannot be honoured"),
     ({"num_processs": 2}, "num_processs: is not an Accelerate config key.*Did you mean 'num_processes'"),
-    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "offload_optimizer_device": "cpu"}},
-     "deepspeed_config.offload_optimizer_device: 'cpu': offloading is not supported"),
+    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "offload_optimizer_device": "disk"}},
+     "deepspeed_config.offload_optimizer_device: 'disk' must be none, cpu or nvme"),
     ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 3, "offload_param_device": "nvme"}},
-     "deepspeed_config.offload_param_device: 'nvme'"),
+     "deepspeed_config.offload_param_nvme_path: must name the NVMe folder"),
+    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "zero3_init_flag": True}},
+     "deepspeed_config.zero3_init_flag: true applies to zero_stage 3"),
+    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "deepspeed_multinode_launcher": "pdsh"}},
+     "deepspeed_config.deepspeed_multinode_launcher: 'pdsh'"),
     ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 5}}, "deepspeed_config.zero_stage: 5"),
     ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 1, "gradient_accumulation_steps": 0}},
      "deepspeed_config.gradient_accumulation_steps: 0 must be an int >= 1"),
-    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"deepspeed_config_file": "ds.json"}},
-     "deepspeed_config.deepspeed_config_file: cannot be honoured"),
+    ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stag": 2}},
+     "deepspeed_config.zero_stag: is not a key.*Did you mean 'zero_stage'"),
     ({"distributed_type": "FSDP", "fsdp_config": {"fsdp_offload_params": True}}, "fsdp_config.fsdp_offload_params"),
     ({"distributed_type": "FSDP", "fsdp_config": {"fsdp_sharding_strategy": "HYBRID_SHARD"}},
      "fsdp_config.fsdp_sharding_strategy: HYBRID_SHARD is not supported"),

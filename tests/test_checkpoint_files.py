@@ -49,14 +49,19 @@ def test_corrupt_or_truncated_files_are_named_without_a_pickle_traceback(tmp_pat
     good = tmp_path / "good.ckpt"
     atomic_save({"state_dict": {"w": torch.ones(1000)}}, good)
     data = good.read_bytes()
-    for name, content in (("truncated.ckpt", data[: len(data) // 2]), ("empty.ckpt", b""),
-                          ("garbage.ckpt", b"not a checkpoint" * 10)):  # fmt: skip
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF  # inside the tensor's bytes: torch.load alone would load it silently
+    for name, content, problem in (("truncated.ckpt", data[: len(data) // 2], "is truncated: the record directory"),
+                                   ("empty.ckpt", b"", "is empty"),
+                                   ("garbage.ckpt", b"not a checkpoint" * 10, "does not start like a checkpoint"),
+                                   ("flipped.ckpt", bytes(flipped), "is corrupted: record 'archive/data/0' (4000 bytes) "
+                                                                    "fails its CRC-32 check")):  # fmt: skip
         path = tmp_path / name
         path.write_bytes(content)
         with pytest.raises(CheckpointError) as info:
             safe_load(path)
         message = str(info.value)
-        assert f"'{path}' is corrupt or truncated" in message
+        assert f"'{path}' {problem}" in message
         assert info.value.__cause__ is None and info.value.__suppress_context__  # no chained unpickler traceback
 
 

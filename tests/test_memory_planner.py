@@ -62,10 +62,11 @@ def test_adam_keeps_two_states_and_sgd_momentum_one():
 
 def test_report_recommends_the_least_communication_that_fits():
     model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(8)])  # 33 KiB of float32 weights
-    # Per device on 4 ranks with Adam: ddp 165 KiB, zero1 116, zero2 66, fsdp (one layer per unit) 41.
+    # Per device on 4 ranks with Adam: ddp 165 KiB, zero1 149 (its gather bucket holds the whole toy model),
+    # zero2 66, fsdp (one layer per unit) 41.
     kwargs = dict(auto_wrap_policy={nn.Linear})
     assert "strategy='ddp'" in report(model, 4, device_memory="1MB", **kwargs)
-    assert "strategy='zero1'" in report(model, 4, device_memory="150kB", **kwargs)
+    assert "strategy='zero1'" in report(model, 4, device_memory="180kB", **kwargs)
     assert "strategy='zero2'" in report(model, 4, device_memory="100kB", **kwargs)
     assert "strategy='fsdp'" in report(model, 4, device_memory="50kB", **kwargs)
     text = report(model, 4, device_memory="30kB", **kwargs)

@@ -71,7 +71,7 @@ def test_sharded_strategies_train_like_ddp(ranks, name):
         assert_same_weights(rank[name]["weights"], rank["ddp"]["weights"], atol=1e-5)
         assert rank[name]["val_loss"] == pytest.approx(rank["ddp"]["val_loss"], rel=1e-5)
     assert_equal(ranks[0][name]["weights"], ranks[1][name]["weights"])
-    expected = "ZeroRedundancyOptimizer" if name == "zero1" else "Adam"
+    expected = "ShardedOptimizer" if name == "zero1" else "Adam"
     assert ranks[0][name]["optimizer"] == expected
 
 
@@ -97,6 +97,27 @@ def test_each_rank_holds_about_half_of_the_optimizer_state(ranks, name):
         assert params == 1.0 if name == "zero1" else 0.4 <= params <= 0.6  # ZeRO-1 keeps parameters whole
 
 
+def test_zero1_gives_every_rank_an_even_share_of_the_optimizer_state(ranks):
+    # 8 -> 256 -> 256 -> 4 with Adam: whole-parameter partitions (ZeroRedundancyOptimizer) left one rank 95%.
+    total = ranks[0]["ddp_wide"]["bytes"]["optimizer_state"]
+    assert total == 69_124 * 8 + 6 * 4  # two float32 moments per parameter, one float32 step per tensor
+    for rank in ranks:
+        share = rank["zero1_wide"]["bytes"]["optimizer_state"] / (total / 2)
+        assert 0.9 <= share <= 1.1, share
+        assert rank["zero1_wide"]["bytes"]["parameters"] == rank["ddp_wide"]["bytes"]["parameters"]
+        assert_same_weights(rank["zero1_wide"]["weights"], rank["ddp_wide"]["weights"], atol=1e-6)
+
+
+def test_memory_planner_equals_zero1_shares_on_the_wide_model(ranks):
+    from trainer.memory import estimate
+
+    plan = estimate(sharded_train.WideMLP(), strategy="zero1", world_size=2, optimizer="adam")
+    for planned, rank in zip(plan.devices, ranks):
+        measured = rank["zero1_wide"]["bytes"]
+        assert (planned.parameters, planned.gradients, planned.optimizer_state) == (
+            measured["parameters"], measured["gradients"], measured["optimizer_state"])  # fmt: skip
+
+
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_memory_planner_equals_the_bytes_each_rank_holds(ranks, name):
     from trainer.memory import estimate
@@ -119,6 +140,24 @@ def test_sharded_checkpoint_resumes_exactly(jobs, ranks, name):
     for rank in ranks:
         assert Path(rank[f"{name}_resumed_from"]).is_dir()  # ckpt_path="last" found a folder
         assert_equal(rank[f"{name}_resumed"], rank[name]["weights"])
+
+
+def test_zero1_full_checkpoint_gathers_the_state_that_a_folder_consolidates_to(jobs, ranks, tmp_path):
+    full_file = jobs["strategies"].out / "ckpt_zero1_full" / f"epoch=0-step={sharded_train.STOP_AT}.ckpt"
+    assert full_file.is_file()  # one file written by rank 0
+    for rank in ranks:
+        assert_equal(rank["zero1_full_resumed"], rank["zero1"]["weights"])
+    from strategies.sharded_checkpoint import consolidate
+
+    folder = jobs["strategies"].out / "ckpt_zero1" / f"epoch=0-step={sharded_train.STOP_AT}.ckpt"
+    consolidated = consolidate(folder, tmp_path / "zero1.ckpt")["optimizer_states"][0]
+    gathered = torch.load(full_file, weights_only=True)["optimizer_states"][0]
+    shapes = [p.shape for p in sharded_train.Net().parameters()]
+    assert set(consolidated["state"]) == set(gathered["state"]) == set(range(len(shapes)))
+    for index, entry in gathered["state"].items():
+        assert entry["exp_avg"].shape == shapes[index]  # whole, not a rank's slice
+        for key, value in entry.items():
+            assert torch.equal(consolidated["state"][index][key], value), (index, key)
 
 
 def test_an_optimizer_without_state_resumes_under_a_sharded_strategy(ranks):
@@ -188,6 +227,22 @@ def test_deepspeed_zero2_trains_like_ddp_and_resumes_exactly(jobs, ranks):
         assert_equal(report["resumed"], report["weights"])
 
 
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (optional: pip install '.[deepspeed]')")
+@pytest.mark.parametrize("variant", ["offload", "zero3"])
+def test_deepspeed_zero2_offload_and_zero3_on_cpu_ranks_train_like_ddp(jobs, ranks, variant):
+    """ZeRO-2 with the optimizer in CPU memory, ZeRO-3 with optimizer and parameters offloaded, on 2 gloo ranks."""
+    for report in jobs["deepspeed"].check_ok():
+        run = report[variant]
+        assert run["global_step"] == 8
+        assert_same_weights(run["weights"], ranks[report["rank"]]["ddp"]["weights"], atol=1e-5)
+    if variant == "offload":
+        assert run["device"] == "cpu"
+    else:
+        total = sum(v.numel() for v in run["weights"].values())
+        assert run["partitioned"] < total  # each rank holds only its partition of the parameters
+        assert_same_weights(run["saved_weights"], run["weights"], atol=0)  # zero3_save_16bit_model: gathered weights
+
+
 # ---------------------------------------------------------------------------------------------- misuse
 def test_sharded_strategies_refuse_bad_settings_before_starting_processes():
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -215,6 +270,15 @@ def test_sharded_strategies_refuse_bad_settings_before_starting_processes():
     assert zero2.reshard_after_forward is False
 
 
+def test_zero1_refuses_optimizers_that_compute_over_whole_parameters():
+    from strategies import ConfigurationError
+    from strategies.sharded_optimizer import ShardedOptimizer
+
+    for optimizer in (torch.optim.Adafactor, torch.optim.LBFGS):
+        with pytest.raises(ConfigurationError, match=f"{optimizer.__name__} computes over whole parameters"):
+            ShardedOptimizer(optimizer(nn.Linear(2, 2).parameters()), mesh=None)  # refused before any mesh is used
+
+
 def test_wrap_policies_choose_units_bottom_up():
     from strategies.fsdp import wrap_targets
 
@@ -234,8 +298,18 @@ def test_deepspeed_settings_that_contradict_the_trainer_are_refused(tmp_path):
 
     with pytest.raises(ConfigurationError, match=r"accumulate_grad_batches=4"):
         DeepSpeedStrategy(config={"gradient_accumulation_steps": 4}).build_config()
-    with pytest.raises(ConfigurationError, match="offload.*resolved to the CPU"):
-        Trainer(accelerator="cpu", devices=2, strategy=DeepSpeedStrategy(offload_optimizer=True), logger=False)
+    with pytest.raises(ConfigurationError, match="offload_parameters needs stage=3"):
+        DeepSpeedStrategy(stage=2, offload_parameters=True)
+    with pytest.raises(ConfigurationError, match="needs nvme_path"):
+        DeepSpeedStrategy(offload_optimizer="nvme")
+    with pytest.raises(ConfigurationError, match="'optimizer'/'scheduler' section"):
+        DeepSpeedStrategy(config={"optimizer": {"type": "AdamW"}}).build_config()
+    on_cpu = Trainer(accelerator="cpu", devices=2, strategy=DeepSpeedStrategy(offload_optimizer=True), logger=False)
+    config = on_cpu.strategy.build_config()  # the torch optimizer steps on the CPU already: no DeepSpeedCPUAdam needed
+    assert config["zero_force_ds_cpu_optimizer"] is False and config["zero_optimization"]["offload_optimizer"] == {
+        "device": "cpu", "pin_memory": False}  # fmt: skip
+    auto = DeepSpeedStrategy(config={"train_batch_size": "auto", "zero_optimization": {"reduce_bucket_size": "auto"}})
+    assert "reduce_bucket_size" not in auto.build_config()["zero_optimization"]  # Accelerate's "auto": DeepSpeed's default
     with pytest.raises(ConfigurationError, match="no such JSON file"):
         DeepSpeedStrategy(config=str(tmp_path / "missing.json"))
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0}')

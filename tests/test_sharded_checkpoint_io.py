@@ -94,6 +94,9 @@ def test_hostile_metadata_is_refused_before_anything_runs(tmp_path):
     path = tmp_path / "evil.ckpt"
     save_sharded(Strategy(), checkpoint(), path)
     (path / ".metadata").write_bytes(pickle.dumps(_Hostile()))
+    with pytest.raises(CheckpointError, match=r"'\.metadata' has \d+ bytes, the manifest records"):
+        load_full(path)  # the manifest notices first
+    (path / "manifest.json").unlink()  # a forger rewrites the manifest too (here: a folder without one)
     with pytest.raises(CheckpointError, match=r"'(os|posix)\.makedirs'"):
         load_full(path)
     assert not Path("PWNED").exists()
@@ -106,6 +109,7 @@ def test_pickled_objects_inside_the_dcp_data_are_refused(tmp_path):
     path = tmp_path / "objects.ckpt"
     save_sharded(Strategy(), checkpoint(), path)
     dcp.save({"state_dict/extra": {"any": "object"}}, checkpoint_id=str(path), no_dist=True)
+    (path / "manifest.json").unlink()  # written by hand: no manifest describes it
     with pytest.raises(CheckpointError, match="pickled object"):
         load_full(path)
 

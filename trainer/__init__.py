@@ -7,19 +7,23 @@ from typing import Any
 
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_only, rank_zero_warn
+from trainer.combined_loader import CombinedLoader
 from trainer.datamodule import DataModule
 from trainer.module import TrainModule
 from trainer.seed import seed_everything
 from trainer.trainer import Trainer
+from trainer.trainer_cli import TrainerCLI
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CombinedLoader",
     "ConfigurationError",
     "DataModule",
     "Engine",
     "TrainModule",
     "Trainer",
+    "TrainerCLI",
     "rank_zero_info",
     "rank_zero_only",
     "rank_zero_warn",

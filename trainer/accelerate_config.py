@@ -4,13 +4,15 @@
 ``node_rank``, ``main_address``, ``main_port``, ``env``) or a Trainer/Engine argument (``accelerator``,
 ``strategy``, ``precision``, ``accumulate_grad_batches``) and returns a dict in the experiment-file format
 (``trainer/yaml_config.py``), so ``trainer run --config accelerate.yaml`` launches what ``accelerate launch``
-would. A key this framework cannot honour is a :class:`ConfigurationError` naming the key and what to do
-instead; keys that only tune how Accelerate's FSDP wraps a model are ignored with one warning.
+would. Every key ``accelerate config`` writes is read: the ones that change nothing about this launch (TPU settings,
+``same_network``, which only steers Accelerate's own rendezvous questions) are accepted, the others honoured; a
+value this framework cannot honour is a :class:`ConfigurationError` naming the key and what to do instead; keys
+that only tune how Accelerate's FSDP wraps a model are ignored with one warning.
 
 | Accelerate key | ours |
 |---|---|
 | ``distributed_type`` NO / MULTI_CPU / MULTI_GPU | one process / ``strategy: ddp`` on CPUs / on GPUs |
-| ``distributed_type`` DEEPSPEED + ``deepspeed_config.zero_stage`` 0/1/2/3 | ``ddp`` / ``zero1`` / ``zero2`` / ``fsdp`` |
+| ``distributed_type`` DEEPSPEED + ``deepspeed_config`` | ``strategies.deepspeed.DeepSpeedStrategy`` (``zero_stage``, offload devices and NVMe paths, ``zero3_init_flag``, ``zero3_save_16bit_model``, ``gradient_clipping``, ``deepspeed_config_file``); CPU processes with ``use_cpu: true`` |
 | ``distributed_type`` FSDP + ``fsdp_config.fsdp_sharding_strategy`` | FULL_SHARD: ``fsdp``, SHARD_GRAD_OP: ``zero2``, NO_SHARD: ``ddp`` |
 | ``num_processes`` (all machines) / ``num_machines`` | ``devices`` (per machine) / ``num_nodes`` |
 | ``machine_rank``, ``main_process_ip``, ``main_process_port`` | ``node_rank``, ``main_address``, ``main_port`` |
@@ -18,6 +20,8 @@ instead; keys that only tune how Accelerate's FSDP wraps a model are ignored wit
 | ``use_cpu`` | ``accelerator: cpu`` |
 | ``gpu_ids`` | ``CUDA_VISIBLE_DEVICES`` |
 | ``deepspeed_config.gradient_accumulation_steps`` | ``accumulate_grad_batches`` |
+| ``deepspeed_config.gradient_clipping`` | ``gradient_clip_val`` (and DeepSpeed's ``gradient_clipping``) |
+| ``dynamo_config`` (``dynamo_backend`` and mode/fullgraph/dynamic) | ``compile`` (where the Trainer has it) |
 | ``debug`` | ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` |
 """
 from __future__ import annotations
@@ -37,16 +41,22 @@ _INERT = {
     "compute_environment": ("LOCAL_MACHINE",), "downcast_bf16": ("no", False, None), "tpu_env": ([], None),
     "tpu_use_cluster": (False, None), "tpu_use_sudo": (False, None), "tpu_name": (None, "null"),
     "tpu_zone": (None, "null"), "commands": (None, "null"), "command_file": (None, "null"),
-    "enable_cpu_affinity": (False, None), "dynamo_backend": ("NO", "no", None), "dynamo_config": ({}, None),
+    "enable_cpu_affinity": (False, None),
     "megatron_lm_config": ({}, None), "ipex_config": ({}, None), "mpirun_config": ({}, None),
-    "fp8_config": ({}, None), "parallelism_config": ({}, None), "same_network": (True, None),
+    "fp8_config": ({}, None), "parallelism_config": ({}, None), "tp_config": ({}, None), "tpu_vm": (None, [], [""]),
+    # same_network only decides whether `accelerate config` asks for a rendezvous backend (rdzv_backend, read below)
+    "same_network": (True, False, None),
 }  # fmt: skip
-_HANDLED = ("distributed_type", "num_processes", "num_machines", "machine_rank", "main_process_ip",
+_HANDLED = ("dynamo_backend", "dynamo_config", "distributed_type", "num_processes", "num_machines", "machine_rank", "main_process_ip",
             "main_process_port", "mixed_precision", "use_cpu", "gpu_ids", "debug", "deepspeed_config", "fsdp_config",
             "rdzv_backend", "main_training_function", "num_cpu_threads_per_process")  # fmt: skip
 KNOWN_KEYS = tuple(_INERT) + _HANDLED
-_DEEPSPEED_KEYS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps",
-                   "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_multinode_launcher")  # fmt: skip
+_DEEPSPEED_KEYS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
+                   "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping", "zero3_init_flag",
+                   "zero3_save_16bit_model", "deepspeed_multinode_launcher", "deepspeed_config_file",
+                   "deepspeed_hostfile", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
+                   "deepspeed_moe_layer_cls_names")  # fmt: skip
+_DEEPSPEED_CLASS = "strategies.deepspeed.DeepSpeedStrategy"
 # FSDP keys about how Accelerate wraps and saves a model: the fsdp strategy decides these itself.
 _FSDP_TUNING = ("fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params",
                 "fsdp_backward_prefetch", "fsdp_backward_prefetch_policy", "fsdp_forward_prefetch",
@@ -130,7 +140,7 @@ def translate_accelerate_config(data: Mapping[str, Any], source: str = "config")
     trainer["precision"] = _PRECISIONS[precision]
 
     use_cpu = bool(data.get("use_cpu", False))
-    if kind == "MULTI_CPU" or (use_cpu and kind == "NO"):
+    if kind == "MULTI_CPU" or (use_cpu and kind in ("NO", "DEEPSPEED")):  # DeepSpeed runs CPU ranks with gloo
         trainer["accelerator"] = "cpu"
     elif use_cpu:
         raise read.fail("use_cpu", f"true contradicts distributed_type: {kind} (GPUs). Use MULTI_CPU for CPU processes.")
@@ -145,9 +155,12 @@ def translate_accelerate_config(data: Mapping[str, Any], source: str = "config")
     if kind in ("MULTI_CPU", "MULTI_GPU") and config["num_nodes"] * config["devices"] > 1:
         trainer["strategy"] = "ddp"
     elif kind == "DEEPSPEED":
-        trainer.update(_deepspeed(read, data.get("deepspeed_config") or {}))
+        trainer.update(_deepspeed(read, data.get("deepspeed_config") or {}, config["num_nodes"]))
     elif kind == "FSDP":
         trainer["strategy"] = _fsdp(read, data.get("fsdp_config") or {})
+    compile_options = _dynamo(read, data)
+    if compile_options is not None:
+        trainer["compile"] = compile_options
     if env:
         config["env"] = env
     config["trainer"] = trainer
@@ -167,27 +180,84 @@ def _gpu_ids(read: _Reader, ids: Any, cpu: bool, devices: int, env: dict[str, st
     env["CUDA_VISIBLE_DEVICES"] = ",".join(listed)
 
 
-def _deepspeed(read: _Reader, section: Mapping[str, Any]) -> dict[str, Any]:
+def _deepspeed(read: _Reader, section: Mapping[str, Any], machines: int) -> dict[str, Any]:
+    """``deepspeed_config`` → the DeepSpeed strategy (as a ``class_path`` entry) and the Trainer settings it implies."""
     for key in section:
         if key not in _DEEPSPEED_KEYS:
-            raise read.fail(f"deepspeed_config.{key}", "cannot be honoured (DeepSpeed itself is not used: ZeRO stages "
-                                                       "map to native strategies). Remove it.")  # fmt: skip
-    for key in ("offload_optimizer_device", "offload_param_device"):
-        if str(section.get(key) or "none").lower() != "none":
-            raise read.fail(f"deepspeed_config.{key}", f"{section[key]!r}: offloading is not supported; use none.")
-    for key in ("zero3_init_flag", "zero3_save_16bit_model"):
-        if section.get(key):
-            raise read.fail(f"deepspeed_config.{key}", "true cannot be honoured; use false.")
-    if section.get("deepspeed_multinode_launcher", "standard") not in ("standard", None):
-        raise read.fail("deepspeed_config.deepspeed_multinode_launcher", "only 'standard' (one launch per machine).")
+            close = difflib.get_close_matches(str(key), _DEEPSPEED_KEYS, n=1)
+            raise read.fail(f"deepspeed_config.{key}", "is not a key `accelerate config` writes, so it cannot be "
+                            f"honoured.{' Did you mean ' + repr(close[0]) + '?' if close else ''} Remove it.")  # fmt: skip
+    launcher = section.get("deepspeed_multinode_launcher")
+    if machines > 1 and launcher not in ("standard", None):
+        raise read.fail("deepspeed_config.deepspeed_multinode_launcher", f"{launcher!r}: `trainer run` starts each "
+                        "machine's processes itself (torchrun); use 'standard' and run it on every machine.")  # fmt: skip
+    if section.get("deepspeed_moe_layer_cls_names"):
+        raise read.fail("deepspeed_config.deepspeed_moe_layer_cls_names", "DeepSpeed MoE layers are not set up by "
+                        "this strategy; remove the key.")  # fmt: skip
+    init_args: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    if section.get("deepspeed_config_file") not in (None, "none"):
+        init_args["config"] = str(section["deepspeed_config_file"])
     stage = section.get("zero_stage", 2)
-    if stage not in _ZERO_STAGES:
+    if stage not in (0, 1, 2, 3):
         raise read.fail("deepspeed_config.zero_stage", f"{stage!r} must be 0, 1, 2 or 3.")
-    settings: dict[str, Any] = {"strategy": _ZERO_STAGES[stage]}
+    init_args["stage"] = stage
+    paths = []
+    for key, argument in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_parameters")):
+        device = str(section.get(key) or "none").lower()
+        if device not in ("none", "cpu", "nvme"):
+            raise read.fail(f"deepspeed_config.{key}", f"{section[key]!r} must be none, cpu or nvme.")
+        if device != "none":
+            init_args[argument] = device
+        if device == "nvme":
+            path_key = key.replace("_device", "_nvme_path")
+            if not section.get(path_key):
+                raise read.fail(f"deepspeed_config.{path_key}", "must name the NVMe folder to offload to.")
+            paths.append(str(section[path_key]))
+    if len(set(paths)) > 1:
+        raise read.fail("deepspeed_config.offload_param_nvme_path", f"{paths[1]!r} differs from "
+                        f"offload_optimizer_nvme_path {paths[0]!r}; the strategy offloads both to one nvme_path.")  # fmt: skip
+    if paths:
+        init_args["nvme_path"] = paths[0]
+    if section.get("zero3_init_flag"):
+        init_args["zero3_init"] = True
+    if section.get("zero3_save_16bit_model"):
+        init_args["save_16bit_model"] = True
+    for key in ("zero3_init", "save_16bit_model"):
+        if init_args.get(key) and stage != 3:
+            raise read.fail(f"deepspeed_config.{'zero3_init_flag' if key == 'zero3_init' else 'zero3_save_16bit_model'}",
+                            f"true applies to zero_stage 3 (this file has {stage}); set it false.")  # fmt: skip
+    clipping = section.get("gradient_clipping")
+    if clipping is not None:
+        if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping < 0:
+            raise read.fail("deepspeed_config.gradient_clipping", f"{clipping!r} must be a number >= 0.")
+        init_args["config"] = {"gradient_clipping": float(clipping)} if "config" not in init_args else init_args["config"]
+        settings["gradient_clip_val"] = float(clipping)
     steps = read.int_at_least("gradient_accumulation_steps", 1, 1, section, "deepspeed_config.gradient_accumulation_steps")
     if steps > 1:
         settings["accumulate_grad_batches"] = steps
-    return settings
+    return {"strategy": {"class_path": _DEEPSPEED_CLASS, "init_args": init_args}, **settings}
+
+
+def _dynamo(read: _Reader, data: Mapping[str, Any]) -> Any:
+    """``dynamo_config`` (or the older ``dynamo_backend``) → ``compile`` options, where the Trainer takes them."""
+    section = dict(data.get("dynamo_config") or {})
+    if data.get("dynamo_backend") not in (None, "NO", "no"):
+        section.setdefault("dynamo_backend", data["dynamo_backend"])
+    backend = str(section.get("dynamo_backend", "NO")).lower()
+    if backend == "no":
+        return None
+    from trainer.yaml_config import trainer_parameter_names
+
+    if "compile" not in trainer_parameter_names():
+        key = "dynamo_config" if "dynamo_config" in data else "dynamo_backend"
+        raise read.fail(key, f"{backend.upper()!r} cannot be honoured here (this Trainer has no compile argument); "
+                             "remove the key.")  # fmt: skip
+    options: dict[str, Any] = {"backend": backend}
+    for key, option in (("dynamo_mode", "mode"), ("dynamo_use_fullgraph", "fullgraph"), ("dynamo_use_dynamic", "dynamic")):
+        if section.get(key) is not None:
+            options[option] = section[key]
+    return options
 
 
 def _fsdp(read: _Reader, section: Mapping[str, Any]) -> str:

@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from callbacks.callback import Callback
 from loggers.logger import Logger
 from strategies.errors import ConfigurationError
+from strategies.rank import rank_zero_info
+from strategies.storage import is_remote
 from trainer.data import validate_limit
 
 
@@ -37,6 +39,14 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     _require(_is_int(max_steps) and max_steps >= -1, f"max_steps={max_steps!r} must be -1 (no limit) or an int >= 0.")
     if min_epochs is not None and max_epochs not in (None, -1) and min_epochs > max_epochs:
         raise ConfigurationError(f"min_epochs={min_epochs} is larger than max_epochs={max_epochs}.")
+    min_steps = args["min_steps"]
+    _require(min_steps is None or (_is_int(min_steps) and min_steps >= 0),
+             f"min_steps={min_steps!r} must be None or an int >= 0.")
+    if min_steps is not None and max_steps != -1 and min_steps > max_steps:
+        raise ConfigurationError(f"min_steps={min_steps} is larger than max_steps={max_steps}.")
+    reload_every = args["reload_dataloaders_every_n_epochs"]
+    _require(_is_int(reload_every) and reload_every >= 0,
+             f"reload_dataloaders_every_n_epochs={reload_every!r} must be an int >= 0 (0: never).")
     if max_epochs is None:
         out["max_epochs"] = -1 if max_steps != -1 else 1000
 
@@ -70,8 +80,10 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     root = args["default_root_dir"]
     _require(root is None or isinstance(root, (str, os.PathLike)),
              f"default_root_dir={root!r} must be a path (str or os.PathLike) or None.")
-    out["default_root_dir"] = str(Path(root if root is not None else os.getcwd()))
+    out["default_root_dir"] = root.rstrip("/") if is_remote(root) else str(Path(root if root is not None else os.getcwd()))
 
+    overfit = args["overfit_batches"]
+    validate_limit("overfit_batches", overfit)
     fast = args["fast_dev_run"]
     _require(isinstance(fast, bool) or (_is_int(fast) and fast >= 0),
              f"fast_dev_run={fast!r} must be True/False or a number of batches >= 0.")
@@ -81,7 +93,47 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
                    limit_predict_batches=batches, max_epochs=1, max_steps=batches, num_sanity_val_steps=0,
                    val_check_interval=None, check_val_every_n_epoch=1, log_every_n_steps=1)
     out["fast_dev_run"] = int(fast) if not isinstance(fast, bool) else (1 if fast else 0)
+    if overfit:  # the same first batches every epoch, for training and validation (shuffling is turned off)
+        out.update(limit_train_batches=overfit, limit_val_batches=overfit)
     return out
+
+
+def barebones_defaults(logger: Any, detect_anomaly: bool) -> tuple[bool, bool, bool, bool]:
+    """``barebones=True``: no logger, checkpointing, progress bar or model summary (``logger``,
+    ``enable_checkpointing``, ``enable_progress_bar``, ``enable_model_summary``); a logger passed explicitly or
+    ``detect_anomaly=True`` contradicts it."""
+    if logger not in (True, False, None):
+        raise ConfigurationError(
+            f"barebones=True runs without loggers, but logger={logger!r} was passed. Drop one of the two."
+        )
+    if detect_anomaly:
+        raise ConfigurationError("barebones=True measures the bare loop; detect_anomaly=True contradicts it.")
+    return False, False, False, False
+
+
+def set_benchmark(benchmark: Optional[bool], deterministic: Any) -> None:
+    """``benchmark=True/False`` sets ``torch.backends.cudnn.benchmark``; None leaves it (False when deterministic)."""
+    if benchmark is not None and not isinstance(benchmark, bool):
+        raise ConfigurationError(f"benchmark={benchmark!r} must be None, True or False.")
+    if benchmark and deterministic:
+        raise ConfigurationError(
+            f"benchmark=True lets cuDNN pick algorithms by timing, which contradicts deterministic={deterministic!r}. "
+            "Drop one of the two."
+        )
+    if benchmark is not None:
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def with_max_time(callbacks: list[Callback], max_time: Any, save_checkpoint: bool) -> list[Callback]:
+    """``max_time``: a ``Timer`` that stops fit after that much training time (unless one was passed)."""
+    if max_time is None:
+        return callbacks
+    from callbacks.timer import Timer
+
+    if any(isinstance(cb, Timer) for cb in callbacks):
+        warnings.warn(f"max_time={max_time!r} is ignored: the callbacks already hold a Timer.", stacklevel=3)
+        return callbacks
+    return checkpoints_last(callbacks + [Timer(duration=max_time, interval="step", save_checkpoint=save_checkpoint)])
 
 
 def check_accumulate_grad_batches(value: Any) -> int:
@@ -104,6 +156,10 @@ def set_deterministic(deterministic: Any) -> None:
 def build_loggers(logger: Any, root_dir: str, fast_dev_run: int) -> list[Logger]:
     """``logger=True`` → the default (TensorBoard, else CSV) under ``root_dir``; False/None → none."""
     if fast_dev_run or logger is False or logger is None:
+        return []
+    if logger is True and is_remote(root_dir):
+        rank_zero_info("default_root_dir=%r is a URL: checkpoints go there, but the default logger writes local files, "
+                       "so there is none. Pass logger=TensorBoardLogger('runs') (or CSVLogger) to log locally.", root_dir)
         return []
     if logger is True:
         from loggers import default_logger

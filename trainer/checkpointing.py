@@ -9,13 +9,16 @@ A checkpoint is a plain dict of tensors and Python values (loadable with ``torch
 The strategy chooses the format: sharded strategies write folders (:mod:`strategies.sharded_checkpoint`) whose
 ``state_dict``/``optimizer_states`` hold each rank's shards; every strategy reads both kinds.
 
+Saving asynchronously (``save(path, asynchronous=True)``) hands the write to a :class:`BackgroundWriter`
+(:mod:`strategies.async_checkpoint`); which checkpoint ``"last"``/``"auto"`` resume from is
+:mod:`trainer.auto_resume`'s policy, found by :mod:`trainer.checkpoint_lookup`.
+
 Exact resume: the restored fit puts the saved RNG back just before its first epoch starts; mid-epoch, the
 training iterator is positioned first (the sampler redraws the epoch's order from ``train_sampler`` and
 skips the finished batches without loading them) and the saved RNG is put back after that.
 """
 from __future__ import annotations
 
-import glob
 import inspect
 import os
 import re
@@ -24,9 +27,11 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 import torch
 
-from strategies.checkpoint_io import CheckpointError, safe_load
+from strategies import storage
+from strategies.checkpoint_io import CheckpointError, safe_load, verify_once
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_warn
+from trainer import auto_resume, checkpoint_lookup
 from trainer.data_position import TrainDataPosition
 from trainer.seed import capture_rng_state, restore_rng_state
 
@@ -107,6 +112,7 @@ class CheckpointConnector:
         self.data_position = TrainDataPosition()
         self.last_saved_path: Optional[str] = None  # the newest full checkpoint this Trainer wrote or resumed from
         self._resume: Optional[dict[str, Any]] = None
+        self._writer: Any = None  # the BackgroundWriter of asynchronous saves, created by the first one
 
     # ------------------------------------------------------------------ saving
     def dump(self, weights_only: bool = False) -> dict[str, Any]:
@@ -138,23 +144,57 @@ class CheckpointConnector:
             trainer._call_hook("on_save_checkpoint", checkpoint)
         return checkpoint
 
-    def save(self, path: Union[str, os.PathLike], weights_only: bool = False) -> None:
+    def save(self, path: Union[str, os.PathLike], weights_only: bool = False, asynchronous: bool = False) -> None:
         """Build and write a checkpoint; every rank builds (collectives), global rank 0 writes.
 
+        ``asynchronous=True`` copies the state now and writes it in the background (the next save waits for it).
         During a fit, a non-finite loss recorded since the last check stops the fit here instead of saving it.
         """
         trainer = self.trainer
         strategy = trainer.strategy
         trainer._faults.before_save()
+        self.raise_write_error()
         checkpoint = self.dump(weights_only)
-        strategy.save_checkpoint(checkpoint, path)
+        path = os.fspath(path)
+        if asynchronous:
+            strategy.save_checkpoint_async(checkpoint, path, self.writer)
+        else:
+            if self._writer is not None:
+                self._writer.wait()  # one checkpoint at a time, in the order they were asked for
+            strategy.save_checkpoint(checkpoint, path)
         strategy.barrier("save_checkpoint")
         if not weights_only:
-            self.last_saved_path = str(path)
+            self.last_saved_path = path
+
+    @property
+    def writer(self) -> Any:
+        """The background writer of asynchronous saves (created on first use)."""
+        if self._writer is None:
+            from strategies.async_checkpoint import BackgroundWriter
+
+            self._writer = BackgroundWriter()
+        return self._writer
+
+    def after_commit(self, action: Any) -> None:
+        """Run ``action`` once the checkpoint being written is complete (now, after a synchronous save)."""
+        if self._writer is None:
+            action()
+        else:
+            self._writer.after_commit(action)
+
+    def raise_write_error(self) -> None:
+        """Raise the error of a background write that failed since the last look (training thread)."""
+        if self._writer is not None:
+            self._writer.raise_error()
+
+    def finish_writes(self) -> None:
+        """Wait for an asynchronous save in flight and raise its error, if it failed (end of a stage)."""
+        if self._writer is not None:
+            self._writer.wait()
 
     def save_interrupted(self) -> str:
         """Save ``interrupted.ckpt`` in the first checkpoint folder (what a stop signal leaves); returns its path."""
-        path = self.trainer.strategy.broadcast(os.path.join(self.checkpoint_folders()[0], "interrupted.ckpt"))
+        path = self.trainer.strategy.broadcast(storage.join(self.checkpoint_folders()[0], "interrupted.ckpt"))
         self.save(path)
         return path
 
@@ -165,51 +205,85 @@ class CheckpointConnector:
 
         strategy = self.trainer.strategy
         world_size = strategy.world_size
-        grads, reduced = {}, False
-        for name, param in self.trainer.module.named_parameters():
-            if param.grad is not None:
-                grad = param.grad.detach()
-                reduced = is_dtensor(grad)
-                grads[name] = strategy.all_gather(grad) if world_size > 1 and not reduced else grad
+        params = [(name, p) for name, p in self.trainer.module.named_parameters() if p.grad is not None]
+        # Already averaged across data-parallel ranks at each backward (FSDP's DTensor shards; N-D layouts, whose
+        # plain gradients are replicated or another stage's), or still one per rank (DDP's no_sync window)?
+        reduced = getattr(strategy, "reduces_every_backward", False) or any(is_dtensor(p.grad) for _, p in params)
+        grads = {}
+        for name, param in params:
+            grad = param.grad.detach()
+            grads[name] = strategy.all_gather(grad) if world_size > 1 and not reduced else grad
         return {"world_size": world_size, "grads": grads, "reduced": reduced}
 
     # ------------------------------------------------------------------ locating
-    def resolve(self, ckpt_path: Union[str, os.PathLike]) -> Path:
-        """Turn ``"last"``, ``"best"`` or a path into an existing file, or raise saying where it looked."""
+    def resolve(self, ckpt_path: Union[str, os.PathLike]) -> str:
+        """Turn ``"last"``/``"auto"`` (the newest good checkpoint, see :mod:`trainer.auto_resume`), ``"best"`` or a
+        path into an existing checkpoint, or raise saying where it looked."""
         trainer = self.trainer
         if ckpt_path == "best":
             callback = trainer.checkpoint_callback
             best = getattr(callback, "best_model_path", "") if callback is not None else ""
+            if not best and callback is not None:
+                best = self._best_of_saved_runs(callback)
             if not best:
                 raise ConfigurationError(
                     "ckpt_path='best' needs a ModelCheckpoint(monitor=...) that has saved a best checkpoint; "
                     f"{'none is configured' if callback is None else 'it has not saved one yet'}."
                 )
-            return Path(best)
-        if ckpt_path == "last":
-            folders = self.checkpoint_folders()
-            candidates = []
-            for callback in trainer.checkpoint_callbacks:
-                last = getattr(callback, "last_model_path", "")
-                if last and os.path.exists(last):
-                    candidates.append(last)
-            for folder in folders:
-                candidates.extend(p for p in glob.glob(os.path.join(folder, "*.ckpt")) if os.path.exists(p))
-            if not candidates:  # a restarted script logs to a new version_N: look in the earlier versions too
-                earlier = self.earlier_run_folders()
-                folders = folders + [f for f in earlier if f not in folders]
-                for folder in earlier:
-                    candidates.extend(p for p in glob.glob(os.path.join(folder, "*.ckpt")) if os.path.exists(p))
-            if not candidates:
+            return str(best)
+        if ckpt_path in ("last", auto_resume.AUTO):
+            folders, candidates = self.last_candidates()
+            found = checkpoint_lookup.newest_good(candidates)
+            if found is None:
                 raise NoCheckpointYet(
-                    f"ckpt_path='last' but no checkpoint exists yet; looked in: {', '.join(folders) or '(no folder)'}."
+                    f"ckpt_path='{ckpt_path}' but no checkpoint exists yet; looked in: "
+                    f"{', '.join(folders) or '(no folder)'}."
                 )
-            # Newest first; on a tie (last.ckpt is a hard link to the checkpoint it mirrors) the "last" name wins.
-            return Path(max(candidates, key=lambda p: (os.stat(p).st_mtime_ns, Path(p).name.startswith("last"))))
-        path = Path(ckpt_path)
-        if not path.exists():
-            raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{path.resolve()}').")
+            return found
+        path = os.fspath(ckpt_path)
+        if not storage.exists(path):
+            shown = path if storage.is_remote(path) else Path(path).resolve()
+            raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{shown}').")
+        verify_once(path)
         return path
+
+    def last_candidates(self) -> tuple[list[str], list[str]]:
+        """(folders looked in, the checkpoints found there, newest first) for ``"last"``/``"auto"``."""
+        folders = self.checkpoint_folders()
+        candidates = []
+        for callback in self.trainer.checkpoint_callbacks:
+            last = getattr(callback, "last_model_path", "")
+            if last and storage.exists(last):
+                candidates.append(last)
+        for folder in folders:
+            checkpoint_lookup.remove_dead_temporaries(folder)
+            candidates.extend(checkpoint_lookup.checkpoints_in(folder))
+        if not candidates:  # a restarted script logs to a new version_N: look in the earlier versions too
+            earlier = self.earlier_run_folders()
+            folders = folders + [f for f in earlier if f not in folders]
+            for folder in earlier:
+                candidates.extend(checkpoint_lookup.checkpoints_in(folder))
+        return folders, checkpoint_lookup.newest_first(candidates)
+
+    def _best_of_saved_runs(self, callback: Any) -> str:
+        """The best checkpoint an earlier process of this experiment recorded (e.g. ``test(ckpt_path="best")`` in a
+        new process after ``fit``): the ``best_model_path`` saved in the newest checkpoint file of its folders."""
+        folders = self.checkpoint_folders() + self.earlier_run_folders()
+        files = [p for folder in folders for p in checkpoint_lookup.checkpoints_in(folder) if storage.isfile(p)]
+        if not files:
+            return ""
+        newest = checkpoint_lookup.newest_first(files)[0]
+        try:
+            states = safe_load(newest).get("callbacks") or {}
+        except (CheckpointError, OSError, AttributeError):
+            return ""
+        ordered = [states.get(callback.state_key)] + list(states.values())
+        for state in ordered:
+            best = state.get("best_model_path") if isinstance(state, dict) else None
+            if best and storage.exists(best):
+                rank_zero_info("ckpt_path='best': %s (recorded in %s).", best, newest)
+                return str(best)
+        return ""
 
     def earlier_run_folders(self) -> list[str]:
         """``checkpoints`` folders of the other ``version_N`` runs of this experiment (same logger folder)."""
@@ -223,26 +297,35 @@ class CheckpointConnector:
         """Where this run's checkpoints live: each ModelCheckpoint's dirpath, else ``<log_dir>/checkpoints``."""
         trainer = self.trainer
         folders = [str(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
-        return folders or [os.path.join(trainer.log_dir, "checkpoints")]
+        return folders or [storage.join(trainer.log_dir, "checkpoints")]
 
     # ------------------------------------------------------------------ restoring
     def load(self, ckpt_path: Union[str, os.PathLike]) -> Optional[tuple[Path, dict[str, Any]]]:
-        """Resolve and read a checkpoint (safely); check its format. Every rank loads the file rank 0 resolved.
+        """Resolve, check and read a checkpoint (safely); check its format. Global rank 0 resolves and checks it
+        (:mod:`trainer.checkpoint_lookup`); every rank loads what it chose.
 
-        ``None`` for ``"last"`` before any checkpoint exists (a warning says so), so that always passing
+        ``None`` for ``"last"``/``"auto"`` before any checkpoint exists (``"last"`` warns), so that always passing
         ``ckpt_path="last"`` starts fresh on the first run and resumes on the next, as in Lightning."""
         strategy = self.trainer.strategy
-        try:
-            found: tuple[Any, ...] = ("path", str(self.resolve(ckpt_path)))
-        except (FileNotFoundError, ConfigurationError) as err:
-            found = ("error", type(err), str(err))
+        found: Any = None
+        if strategy.is_global_zero or strategy.world_size == 1:
+            try:
+                found = ("path", self.resolve(ckpt_path))
+            except (FileNotFoundError, ConfigurationError, CheckpointError) as err:
+                found = ("error", type(err), str(err))
         found = strategy.broadcast(found) if strategy.world_size > 1 else found
+        auto = ckpt_path == auto_resume.AUTO
         if found[0] == "error" and found[1] is NoCheckpointYet:
-            rank_zero_warn(f"{found[2]} Starting from the module's current weights.")
+            if auto:
+                auto_resume.announce(self.trainer, None, self.checkpoint_folders())
+            else:
+                rank_zero_warn(f"{found[2]} Starting from the module's current weights.")
             return None
         if found[0] == "error":
             raise found[1](found[2])
-        path = Path(found[1])
+        if auto:
+            auto_resume.announce(self.trainer, found[1], [])
+        path = found[1] if storage.is_remote(found[1]) else Path(found[1])
         checkpoint = strategy.load_checkpoint(path)
         if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
             raise CheckpointError(f"'{path}' is not a trainer checkpoint (no 'state_dict' entry).")
@@ -341,12 +424,13 @@ class CheckpointConnector:
 
     def _load_module_state(self, checkpoint: dict[str, Any], path: Any) -> None:
         module = self.trainer.module
+        strict = bool(getattr(module, "strict_loading", True))  # Lightning's module attribute
         expected = set(module.state_dict().keys())
         found = set(checkpoint["state_dict"].keys())
         if expected != found:
-            check_state_dict(module, checkpoint["state_dict"], path)
+            check_state_dict(module, checkpoint["state_dict"], path, strict)
         try:
-            self.trainer.strategy.load_module_state_dict(checkpoint["state_dict"])
+            self.trainer.strategy.load_module_state_dict(checkpoint["state_dict"], strict=strict)
         except RuntimeError as err:
             if "state_dict" not in str(err):  # not torch's "Error(s) in loading state_dict" (e.g. size mismatch)
                 raise

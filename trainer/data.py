@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
+from torch import Tensor
 from torch.utils.data import DataLoader
 
 from strategies.errors import ConfigurationError
@@ -12,12 +13,36 @@ Number = Union[int, float]
 
 
 def as_loader_list(loaders: Any) -> list[Any]:
-    """Evaluation stages accept one dataloader or a list/tuple of them."""
+    """Evaluation stages accept one dataloader, a list/tuple or dict of them (run one after the other, as
+    ``dataloader_idx`` 0, 1, ...), or a ``CombinedLoader`` in ``sequential`` mode."""
+    from trainer.combined_loader import CombinedLoader
+
     if loaders is None:
         return []
+    if isinstance(loaders, CombinedLoader):
+        if loaders.mode != "sequential":
+            raise ConfigurationError(
+                f"Validation, test and predict run their dataloaders one after the other; a CombinedLoader in mode "
+                f"{loaders.mode!r} cannot be used there. Pass the loaders as a list, or CombinedLoader(..., 'sequential')."
+            )
+        return loaders.flattened
+    if isinstance(loaders, Mapping):
+        return list(loaders.values())
     if isinstance(loaders, (list, tuple)):
         return list(loaders)
     return [loaders]
+
+
+def as_training_loader(loader: Any) -> Any:
+    """Training data as the loop iterates it: a list/tuple holding DataLoaders, or a dict of them, becomes a
+    ``CombinedLoader`` in ``max_size_cycle`` mode (Lightning's default), so each step gets one batch of each."""
+    from trainer.combined_loader import CombinedLoader
+
+    if isinstance(loader, Mapping):
+        return CombinedLoader(loader, "max_size_cycle")
+    if isinstance(loader, (list, tuple)) and any(isinstance(item, (DataLoader, CombinedLoader)) for item in loader):
+        return CombinedLoader(loader, "max_size_cycle")
+    return loader
 
 
 def loader_from(explicit: Any, datamodule: Any, module: Any, source: str) -> Any:
@@ -26,6 +51,22 @@ def loader_from(explicit: Any, datamodule: Any, module: Any, source: str) -> Any
         return explicit
     owner = datamodule if datamodule is not None else module
     return getattr(owner, source)()
+
+
+def prepare_data(strategy: Any, module: Any, datamodule: Any) -> None:
+    """The datamodule's and the module's ``prepare_data``: on local rank 0 of every node, or on global rank 0 only
+    where ``prepare_data_per_node = False``; then every rank waits for them."""
+    from trainer.hooks import overrides
+    from trainer.module import TrainModule
+
+    preparing = [datamodule] if datamodule is not None else []
+    if overrides(module, TrainModule, "prepare_data"):
+        preparing.append(module)
+    for owner in preparing:
+        if (strategy.local_rank if getattr(owner, "prepare_data_per_node", True) else strategy.global_rank) == 0:
+            owner.prepare_data()
+    if preparing:
+        strategy.barrier("prepare_data")
 
 
 def fit_train_loader(explicit: Any, datamodule: Any, module: Any) -> Any:
@@ -40,11 +81,35 @@ def fit_train_loader(explicit: Any, datamodule: Any, module: Any) -> Any:
 
 
 def check_iterable(loader: Any, argument: str) -> None:
-    """Raise a clear error when something that cannot yield batches is passed as data."""
-    if not hasattr(loader, "__iter__"):
+    """Raise a clear error when something that cannot yield batches is passed as data (iterating a tensor yields
+    rows and a string characters: never what was meant)."""
+    from trainer.combined_loader import is_loader_like
+
+    if not is_loader_like(loader):
+        hint = " Wrap tensors in a TensorDataset and a DataLoader." if isinstance(loader, Tensor) else ""
+        hint = hint or (" Wrap a Dataset in a DataLoader." if hasattr(loader, "__getitem__") else "")
         raise ConfigurationError(
-            f"{argument} must be a torch DataLoader (or any iterable of batches); got {type(loader).__name__}."
+            f"{argument} must be a torch DataLoader (or any iterable of batches, or a list/dict of DataLoaders); got "
+            f"{type(loader).__name__}.{hint}"
         )
+
+
+def ready_loader(loader: Any, argument: str, training: bool, sampler_kwargs: Optional[dict[str, int]],
+                 use_distributed_sampler: bool, overfit: Number = 0, pin_memory: bool = False) -> Any:  # fmt: skip
+    """Check ``loader`` and make it ready for this process (every loader of a ``CombinedLoader``): split across
+    ranks by a distributed sampler; for training with ``overfit_batches``, read in order; on CUDA
+    (``pin_memory``) in page-locked memory."""
+    from trainer.combined_loader import CombinedLoader
+
+    if isinstance(loader, CombinedLoader):
+        return loader.with_loaders([ready_loader(child, argument, training, sampler_kwargs, use_distributed_sampler,
+                                                 overfit, pin_memory) for child in loader.flattened])  # fmt: skip
+    check_iterable(loader, argument)
+    if training and overfit:
+        from trainer.distributed_data import without_shuffle
+
+        loader = without_shuffle(loader)
+    return prepare_loader(loader, sampler_kwargs, training, use_distributed_sampler, pin_memory)
 
 
 def loader_length(loader: Any) -> float:

@@ -11,6 +11,10 @@ sampler starts, every epoch, and saved in checkpoints. A ``DistributedSampler`` 
 Anything else (an ``IterableDataset``, a plain iterable of batches) cannot be positioned: its iterator is
 rebuilt from the random state captured before the epoch's ``iter()`` and the finished batches are read
 again and dropped.
+
+A :class:`~trainer.combined_loader.CombinedLoader` is positioned loader by loader: each has its own position
+(the random state of its current pass and how many batches that pass gave), so every loader, including one that
+started over in ``max_size_cycle`` mode, continues at its exact batch.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from strategies.rank import rank_zero_warn
+from trainer.combined_loader import CombinedIterator, CombinedLoader
 from trainer.seed import capture_rng_state, restore_rng_state
 
 
@@ -155,13 +160,21 @@ class TrainDataPosition:
     def __init__(self) -> None:
         self.epoch = 0
         self.replicas = 1
+        self.batch_size: Optional[int] = None
         self._loader: Any = None
         self._sampler: Optional[_IndexSampler] = None
         self._replay_state: Optional[dict[str, Any]] = None
         self._warned_replay = False
+        self._combined: Optional[_CombinedPosition] = None
 
     def iterator(self, loader: Any, epoch: int, skip: int = 0, saved: Optional[dict[str, Any]] = None) -> Iterator[Any]:
         """This epoch's iterator over ``loader``, after ``skip`` batches when resuming from ``saved``."""
+        if isinstance(loader, CombinedLoader):
+            if self._combined is None or self._combined.loader is not loader:
+                self._combined = _CombinedPosition(loader)
+            self.epoch = epoch
+            return self._combined.iterator(epoch, skip, saved)
+        self._combined = None
         set_sampler_epoch(loader, epoch)
         self.epoch = epoch
         self.replicas = _replicas(loader)
@@ -171,7 +184,11 @@ class TrainDataPosition:
                 "The checkpoint does not record the training sampler's state for this epoch; the resumed epoch "
                 "continues at the same batch position, but a shuffled order may differ from the interrupted run."
             )
-        if skip and saved is not None and saved.get("replicas", self.replicas) != self.replicas:
+        self.batch_size = batch_size = getattr(loader, "batch_size", None)
+        resplit = saved is not None and saved.get("replicas", self.replicas) != self.replicas
+        if resplit and batch_size is not None:  # 2 ranks × batch 4 resume as 4 ranks × batch 2: the same batches
+            resplit = saved.get("replicas", 1) * (saved.get("batch_size") or 0) != self.replicas * batch_size
+        if skip and resplit:
             rank_zero_warn(
                 f"The checkpoint was saved mid-epoch with the data split {saved.get('replicas')} ways, now "
                 f"{self.replicas}: until this epoch ends, some samples may be seen twice and others not at all."
@@ -215,6 +232,46 @@ class TrainDataPosition:
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch, the random state its order was drawn from and the data split (plain values and tensors)."""
+        if self._combined is not None:
+            return self._combined.state_dict()
         sampler = self._sampler
         start = sampler.start_state if sampler is not None else self._replay_state
-        return {"epoch": self.epoch, "start": start, "replicas": self.replicas}
+        return {"epoch": self.epoch, "start": start, "replicas": self.replicas, "batch_size": self.batch_size}
+
+
+class _CombinedPosition:
+    """The position of every loader of a :class:`CombinedLoader` (one :class:`TrainDataPosition` each)."""
+
+    def __init__(self, loader: CombinedLoader) -> None:
+        self.loader = loader
+        self.children = [TrainDataPosition() for _ in loader.flattened]
+        self.epoch = 0
+        self.running: Optional[CombinedIterator] = None
+
+    def iterator(self, epoch: int, skip: int, saved: Optional[dict[str, Any]]) -> Iterator[Any]:
+        self.epoch = epoch
+        loaders = self.loader.flattened
+        resume = saved.get("combined") if saved is not None and saved.get("epoch") == epoch else None
+        if resume is not None and (resume.get("mode") != self.loader.mode or len(resume["consumed"]) != len(loaders)):
+            rank_zero_warn(
+                f"The checkpoint was saved with {len(resume['consumed'])} training loaders in mode "
+                f"{resume.get('mode')!r}, now {len(loaders)} in mode {self.loader.mode!r}: the epoch restarts its loaders "
+                "and skips the finished batches."
+            )
+            resume = None
+
+        def start(i: int, child_skip: int, child_saved: Optional[dict[str, Any]]) -> Iterator[Any]:
+            return self.children[i].iterator(loaders[i], epoch, child_skip, child_saved)
+
+        if skip and resume is None:  # no per-loader record: start the loaders over and drop the finished batches
+            self.running = self.loader.batches(start)
+            next(itertools.islice(self.running, skip - 1, skip), None)
+            return self.running
+        self.running = self.loader.batches(start, resume)
+        return self.running
+
+    def state_dict(self) -> dict[str, Any]:
+        combined = self.running.state_dict() if self.running is not None else None
+        if combined is not None:
+            combined["children"] = [child.state_dict() for child in self.children]
+        return {"epoch": self.epoch, "combined": combined, "replicas": max(c.replicas for c in self.children)}

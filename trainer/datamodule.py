@@ -1,18 +1,35 @@
 """``DataModule``: the data side of an experiment in one reusable class."""
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, Iterable, Optional, Union
+
+from trainer.hparams import AttributeDict, hyperparameters_of_call
 
 
 class DataModule:
     """Groups download/preparation, splits and the four dataloaders. Override what you need.
 
-    ``prepare_data`` runs once per node (local rank 0) before ``setup``; ``setup(stage)`` runs on every
+    ``prepare_data`` runs once per node (local rank 0; ``prepare_data_per_node = False``: once) before ``setup``; ``setup(stage)`` runs on every
     process. ``state_dict``/``load_state_dict`` are saved in checkpoints.
     """
 
+    #: ``prepare_data`` runs on local rank 0 of every node (True) or on global rank 0 only (False).
+    prepare_data_per_node: bool = True
+
     def __init__(self) -> None:
         self.trainer: Any = None
+        self._hparams = AttributeDict()
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """Hyperparameters recorded by :meth:`save_hyperparameters` (sent to the loggers with the module's)."""
+        return self.__dict__.setdefault("_hparams", AttributeDict())  # also when a subclass skipped __init__
+
+    def save_hyperparameters(self, *args: Any, ignore: Optional[Union[str, Iterable[str]]] = None, frame: Any = None) -> None:
+        """Record the ``__init__`` arguments (all, or those named in ``args``) in ``self.hparams``, as a module's."""
+        caller = frame or inspect.currentframe().f_back
+        self.hparams.update(hyperparameters_of_call(self, caller, args, ignore))
 
     def prepare_data(self) -> None:
         """Download or write data to disk. Called on local rank 0 only; do not set state here."""

@@ -87,6 +87,12 @@ def distribute_loader(loader: DataLoader, sampler_kwargs: dict[str, int], traini
         )
     else:
         sampler = EvaluationDistributedSampler(loader.dataset, shuffle=shuffle, seed=_seed(loader), **sampler_kwargs)
+    return _rebuilt(loader, sampler, "Pass use_distributed_sampler=False to the Trainer or Engine and give it a "
+                                     "DistributedSampler yourself.")  # fmt: skip
+
+
+def _rebuilt(loader: DataLoader, sampler: Any, advice: str) -> DataLoader:
+    """A copy of ``loader`` (same settings) drawing its indices from ``sampler``."""
     settings = {name: getattr(loader, name) for name in _LOADER_SETTINGS if hasattr(loader, name)}
     if not settings.get("num_workers"):
         settings["prefetch_factor"] = None
@@ -96,9 +102,17 @@ def distribute_loader(loader: DataLoader, sampler_kwargs: dict[str, int], traini
                             drop_last=loader.drop_last, **settings)  # fmt: skip
     except TypeError as err:
         raise ConfigurationError(
-            f"Could not rebuild {type(loader).__name__} with a DistributedSampler ({err}). Pass "
-            "use_distributed_sampler=False to the Trainer or Engine and give it a DistributedSampler yourself."
+            f"Could not rebuild {type(loader).__name__} with a {type(sampler).__name__} ({err}). {advice}"
         ) from None
+
+
+def without_shuffle(loader: Any) -> Any:
+    """``overfit_batches``: a shuffling DataLoader rebuilt to read in order, so every epoch sees the same batches."""
+    if not isinstance(loader, DataLoader) or type(loader.sampler) is not RandomSampler:
+        return loader
+    rank_zero_warn("overfit_batches: the training dataloader shuffles; it reads in order instead, so every epoch "
+                   "trains on the same batches.")  # fmt: skip
+    return _rebuilt(loader, SequentialSampler(loader.dataset), "Pass a DataLoader with shuffle=False.")
 
 
 def balance_training_batches(reduce: Any, num_batches: float) -> float:

@@ -6,6 +6,10 @@ until a signal arrives (the handler pulls it to 0) or the non-finite buffer want
 processes the ranks must agree, so every rank checks at the same steps: the interval is chosen from the
 measured step time so that the one small collective (a max-reduce of [signal, interval, -bad step]) runs
 about every ``target_seconds``, whatever the step time, and never more than once per step.
+
+With several processes the first check also tells the strategy that training runs (it shortens the
+process-group timeout, :mod:`strategies.hang_report`), and a collective that times out during the fit becomes a
+:class:`~strategies.errors.HangError` naming the ranks that stopped answering and the step.
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
-from strategies.errors import ConfigurationError
+from strategies.errors import ConfigurationError, HangError
+from strategies.hang_report import collective_timed_out
 from strategies.rank import rank_zero_print
 from trainer.nonfinite import NONFINITE_MODES, BadLoss, NonFiniteGuard, NonFiniteLossError
 from trainer.signals import DEFAULT_STOP_SIGNALS, SignalConnector, parse_signals
@@ -56,6 +61,7 @@ class FaultMonitor:
         self._periodic = False  # whether checks run on a schedule (buffer to read, or ranks to agree with)
         self._last_time = 0.0
         self._last_step = 0
+        self._started = False  # the first check of this fit (after its first optimizer step) has run
 
     # ------------------------------------------------------------------ fit scope
     @contextlib.contextmanager
@@ -71,7 +77,8 @@ class FaultMonitor:
         self._last_time = time.monotonic()
         self._last_step = trainer.fit_loop.progress.global_step
         self._periodic = self.guard is not None or (distributed and bool(self.signals.actions))
-        self.due_step = self._last_step + 1 if self._periodic else _NEVER
+        self._started = False
+        self.due_step = self._last_step + 1 if self._periodic or distributed else _NEVER
         self.signals.install()
         try:
             yield
@@ -80,6 +87,11 @@ class FaultMonitor:
             if self.mode != "stop":
                 raise
             rank_zero_print(f"Training stopped. {err}", file=sys.stderr)
+        except RuntimeError as err:
+            if distributed and not isinstance(err, HangError) and collective_timed_out(err):
+                self.status = "failed"
+                raise HangError(self._hang_message(err)) from err
+            raise
         finally:
             self.signals.uninstall()
             self._active = False
@@ -94,6 +106,10 @@ class FaultMonitor:
         """At an optimizer-step boundary: agree with the other ranks on signals and non-finite losses, then act."""
         trainer = self.trainer
         step = trainer.fit_loop.progress.global_step
+        trainer._checkpoint.raise_write_error()  # a background checkpoint write that failed
+        if not self._started:
+            self._started = True
+            trainer.strategy.after_first_step()
         signum = self.signals.received or 0
         bad = self.guard.flush() if self.guard is not None else None
         interval = self._interval(step)
@@ -133,6 +149,23 @@ class FaultMonitor:
         elif bad is not None and -worst < bad.global_step:
             bad = BadLoss(float("nan"), -worst)  # another rank saw one earlier
         return signum, interval, bad
+
+    def _hang_message(self, err: BaseException) -> str:
+        trainer = self.trainer
+        progress = trainer.fit_loop.progress
+        where = f"global step {progress.global_step} (epoch {progress.epoch}, batch {progress.batch_in_epoch})"
+        ranks = trainer.strategy.unresponsive_ranks()
+        if ranks:
+            who = f"rank {ranks[0]} stopped answering" if len(ranks) == 1 else \
+                f"ranks {', '.join(map(str, ranks))} stopped answering"  # fmt: skip
+        elif ranks == []:
+            who = "every rank answered afterwards: one was busier than the timeout allows"
+        else:
+            who = "rank 0 did not answer (it is stuck, or its own report names the rank that stopped)"
+        detail = str(err).strip().splitlines()[0][:200]
+        return (f"The job hung after {where}: {who}. A collective on rank {trainer.global_rank} gave up waiting "
+                f"({detail}). See the named rank's stack with `py-spy dump --pid PID`; a rank that is legitimately "
+                "busy that long (work done on one rank only) needs a longer DDPStrategy(train_timeout=...).")
 
     def _message(self, bad: BadLoss) -> str:
         last = self.trainer._checkpoint.last_saved_path

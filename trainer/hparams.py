@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from types import FrameType
-from typing import Any
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import torch
 
@@ -66,6 +66,26 @@ def plain_hparams(values: dict[str, Any], owner: str) -> dict[str, Any]:
                 f"{owner}.save_hyperparameters: {key!r} is a {type(value).__name__}, which a safe checkpoint cannot "
                 f"hold; it is not recorded. Pass it to load_from_checkpoint({key}=...) when reloading, or "
                 f"add ignore=[{key!r}].",
-                stacklevel=3,
+                stacklevel=4,
             )
     return kept
+
+
+def hyperparameters_of_call(owner: Any, frame: FrameType, args: tuple, ignore: Optional[Union[str, Iterable[str]]]) -> dict:
+    """What ``owner.save_hyperparameters(*args, ignore=...)`` records: the ``__init__`` arguments running in
+    ``frame`` (all, or those named in ``args``; or one mapping given as ``args[0]``), minus ``ignore``, kept plain."""
+    from strategies.errors import ConfigurationError
+
+    if len(args) == 1 and isinstance(args[0], Mapping):
+        values = dict(args[0])
+    else:
+        init_args = collect_init_args(frame, type(owner))
+        if args:
+            missing = [a for a in args if a not in init_args]
+            if missing:
+                raise ConfigurationError(f"save_hyperparameters: {missing} are not arguments of __init__.")
+            values = {a: init_args[a] for a in args}
+        else:
+            values = init_args
+    ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+    return plain_hparams({k: v for k, v in values.items() if k not in ignored}, type(owner).__name__)

@@ -4,18 +4,19 @@ A Lightning user renames ``LightningModule`` to ``TrainModule``; the hooks and m
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies.errors import ConfigurationError
-from trainer.hparams import AttributeDict, collect_init_args, plain_hparams
+from trainer.hparams import AttributeDict, hyperparameters_of_call
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer
@@ -26,6 +27,13 @@ class TrainModule(nn.Module):
 
     Hooks are no-ops by default; :mod:`trainer.loops.fit_loop` documents the order in which they run.
     """
+
+    #: An example batch for ``forward`` (used by ``to_torchscript``/``to_onnx`` and ``trainer estimate-memory``).
+    example_input_array: Any = None
+    #: ``prepare_data`` runs on local rank 0 of every node (True) or on global rank 0 only (False).
+    prepare_data_per_node: bool = True
+    #: Whether restoring a checkpoint in fit/validate/test requires every weight to match (Lightning's attribute).
+    strict_loading: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,6 +92,27 @@ class TrainModule(nn.Module):
         return self._trainer.local_rank if self._trainer is not None else 0
 
     @property
+    def on_gpu(self) -> bool:
+        """True when the module's parameters are on a CUDA device."""
+        return self.device.type == "cuda"
+
+    @property
+    def logger(self) -> Any:
+        """The Trainer's first logger (``self.logger.experiment`` is e.g. the TensorBoard writer); None if none."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Any]:
+        """Every logger of the Trainer (empty when not attached or ``logger=False``)."""
+        return list(self._trainer.loggers) if self._trainer is not None else []
+
+    @property
+    def device_mesh(self) -> Any:
+        """The strategy's ``DeviceMesh`` (e.g. ``self.device_mesh["tp"]`` in :meth:`configure_model`); ``None`` when
+        the strategy has none or the module is not attached to a Trainer."""
+        return self._trainer.strategy.device_mesh if self._trainer is not None else None
+
+    @property
     def hparams(self) -> AttributeDict:
         """Hyperparameters recorded by :meth:`save_hyperparameters` (saved in checkpoints)."""
         return self._hparams
@@ -118,6 +147,16 @@ class TrainModule(nn.Module):
         """Return an optimizer, ``([optimizers], [schedulers])``, or ``{"optimizer": ..., "lr_scheduler": ...}``."""
         raise NotImplementedError(f"{type(self).__name__} must implement configure_optimizers().")
 
+    def configure_model(self) -> None:
+        """Build layers here instead of in ``__init__`` for deferred initialisation, and apply a tensor-parallel
+        plan (``parallelize_module(..., self.device_mesh["tp"], ...)``) or ``fully_shard`` yourself.
+
+        Called once per module, by the first stage (fit/validate/test/predict) that runs it, inside the strategy's
+        init context (the ``meta`` device under sharded strategies) and before the strategy wraps the module.
+        Lightning calls it every stage and asks it to be idempotent; calling it once does the same for such a
+        hook and never replaces trained layers.
+        """
+
     def configure_callbacks(self) -> Union[Iterable[Any], Any]:
         """Callbacks this module needs; added to (and replacing same-type) Trainer callbacks."""
         return []
@@ -129,6 +168,23 @@ class TrainModule(nn.Module):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # ------------------------------------------------------------------ data hooks (optional)
+    def prepare_data(self) -> None:
+        """Download or write data to disk, once per node (see ``prepare_data_per_node``) before ``setup``."""
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move a batch to ``device``; override for batch types the default walk does not know."""
+        from strategies.strategy import move_to_device
+
+        return move_to_device(batch, device)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch before it moves to the device (e.g. CPU augmentation); return the batch."""
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch on the device (e.g. GPU augmentation); return the batch."""
+        return batch
+
     def train_dataloader(self) -> Any:
         """Training data, used when none is passed to ``fit``."""
         return None
@@ -248,6 +304,45 @@ class TrainModule(nn.Module):
     def on_before_zero_grad(self, optimizer: Optimizer) -> None:
         """Called after the optimizer step, before gradients are cleared."""
 
+    def on_validation_model_eval(self) -> None:
+        """Put the module in evaluation mode for validation (override to keep e.g. dropout on)."""
+        self.eval()
+
+    def on_validation_model_train(self) -> None:
+        """Put the module back in training mode after a validation inside fit."""
+        self.train()
+
+    def on_test_model_eval(self) -> None:
+        """Put the module in evaluation mode for test."""
+        self.eval()
+
+    def on_test_model_train(self) -> None:
+        """Put the module back in training mode after test (when it was training before)."""
+        self.train()
+
+    def on_predict_model_eval(self) -> None:
+        """Put the module in evaluation mode for predict."""
+        self.eval()
+
+    # ------------------------------------------------------------------ optimisation hooks (automatic optimisation)
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Optional[Callable] = None) -> None:
+        """Step ``optimizer`` at the end of an accumulation window; override to act around it (e.g. a learning-rate
+        warm-up) and call ``optimizer.step(closure=optimizer_closure)``. ``optimizer.step`` runs the precision
+        plugin, ``on_before_optimizer_step`` and clipping; not calling it skips the step."""
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Optimizer) -> None:
+        """Clear the gradients after a step (override e.g. to keep them as zeros: ``set_to_none=False``)."""
+        optimizer.zero_grad(set_to_none=True)
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step one LR scheduler (``metric`` for ReduceLROnPlateau); override for schedulers with another ``step``
+        signature (e.g. timm's ``step(epoch)``)."""
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Add or edit entries of a checkpoint being saved."""
 
@@ -309,9 +404,10 @@ class TrainModule(nn.Module):
             print(*args, **kwargs)
 
     # ------------------------------------------------------------------ manual optimisation
-    def optimizers(self) -> Any:
-        """The optimizer(s) from ``configure_optimizers``, wrapped so ``step()`` runs through the precision plugin."""
-        optimizers = self.trainer._manual_optimizers
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The optimizer(s) from ``configure_optimizers``, wrapped so ``step()`` runs through the precision plugin
+        (``use_pl_optimizer=False``: the torch optimizers themselves)."""
+        optimizers = self.trainer._manual_optimizers if use_pl_optimizer else self.trainer.optimizers
         return optimizers[0] if len(optimizers) == 1 else optimizers
 
     def lr_schedulers(self) -> Any:
@@ -332,6 +428,28 @@ class TrainModule(nn.Module):
         trainer.strategy.backward(loss)
         trainer._call_hook("on_after_backward")
 
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Compute gradients only for ``optimizer``'s parameters until :meth:`untoggle_optimizer` (e.g. a GAN's
+        generator step): the parameters only the other optimizers hold get ``requires_grad=False``."""
+        from trainer.optimizer_toggle import toggle
+
+        self.__dict__["_toggled_requires_grad"] = toggle(optimizer, self.trainer.optimizers)
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Undo :meth:`toggle_optimizer`: every ``requires_grad`` flag is as it was before the toggle."""
+        from trainer.optimizer_toggle import untoggle
+
+        untoggle(self.__dict__.pop("_toggled_requires_grad", {}))
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """``with self.toggled_optimizer(opt):`` :meth:`toggle_optimizer` on entry, :meth:`untoggle_optimizer` on exit."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
     def clip_gradients(
         self, optimizer: Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None
     ) -> None:
@@ -348,6 +466,59 @@ class TrainModule(nn.Module):
             optimizer = optimizer.optimizer
         self.trainer.strategy.clip_gradients(optimizer, float(gradient_clip_val), algorithm)
 
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Gather tensors (also inside lists, tuples and dicts) from every process: each gets a new leading dimension
+        of size world size. ``sync_grads=True`` lets gradients flow back through the gather."""
+        from trainer.collectives import all_gather_tree
+
+        return all_gather_tree(data, self.trainer.strategy, group, sync_grads)
+
+    def freeze(self) -> None:
+        """No gradients for any parameter, and evaluation mode."""
+        for param in self.parameters():
+            param.requires_grad_(False)
+        self.eval()
+
+    def unfreeze(self) -> None:
+        """Gradients for every parameter again, and training mode."""
+        for param in self.parameters():
+            param.requires_grad_(True)
+        self.train()
+
+    def to_torchscript(self, file_path: Optional[Union[str, Path]] = None, method: str = "script",
+                       example_inputs: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+        """A TorchScript version of the module (``torch.jit.script``, or ``method="trace"`` with ``example_inputs``,
+        default ``example_input_array``); saved to ``file_path`` when given."""
+        mode = self.training
+        self.eval()
+        try:
+            if method == "script":
+                scripted = torch.jit.script(self, **kwargs)
+            elif method == "trace":
+                inputs = self.example_input_array if example_inputs is None else example_inputs
+                if inputs is None:
+                    raise ConfigurationError("to_torchscript(method='trace') needs example_inputs or example_input_array.")
+                scripted = torch.jit.trace(self, inputs, **kwargs)
+            else:
+                raise ConfigurationError(f"to_torchscript(method={method!r}): use 'script' or 'trace'.")
+        finally:
+            self.train(mode)
+        if file_path is not None:
+            torch.jit.save(scripted, str(file_path))
+        return scripted
+
+    def to_onnx(self, file_path: Union[str, Path], input_sample: Any = None, **kwargs: Any) -> None:
+        """Export ``forward`` to ONNX with ``torch.onnx.export`` (``input_sample`` defaults to ``example_input_array``)."""
+        inputs = self.example_input_array if input_sample is None else input_sample
+        if inputs is None:
+            raise ConfigurationError("to_onnx needs input_sample or example_input_array.")
+        mode = self.training
+        self.eval()
+        try:
+            torch.onnx.export(self, inputs if isinstance(inputs, tuple) else (inputs,), str(file_path), **kwargs)
+        finally:
+            self.train(mode)
+
     # ------------------------------------------------------------------ hyperparameters and checkpoints
     def save_hyperparameters(self, *args: Any, ignore: Optional[Union[str, Iterable[str]]] = None, frame: Any = None) -> None:
         """Record the ``__init__`` arguments (all, or those named in ``args``) in ``self.hparams``.
@@ -356,20 +527,7 @@ class TrainModule(nn.Module):
         with a warning (pass them again to ``load_from_checkpoint`` as overrides).
         """
         caller = frame or inspect.currentframe().f_back
-        if len(args) == 1 and isinstance(args[0], Mapping):
-            values = dict(args[0])
-        else:
-            init_args = collect_init_args(caller, type(self))
-            if args:
-                missing = [a for a in args if a not in init_args]
-                if missing:
-                    raise ConfigurationError(f"save_hyperparameters: {missing} are not arguments of __init__.")
-                values = {a: init_args[a] for a in args}
-            else:
-                values = init_args
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        values = {k: v for k, v in values.items() if k not in ignored}
-        self._hparams.update(plain_hparams(values, type(self).__name__))
+        self._hparams.update(hyperparameters_of_call(self, caller, args, ignore))
         self._hparams_initial = copy.deepcopy(self._hparams)
 
     @classmethod
@@ -384,6 +542,14 @@ class TrainModule(nn.Module):
         from trainer.checkpointing import load_module_from_checkpoint
 
         return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides)
+
+
+def configure_model_once(module: TrainModule, strategy: Any) -> None:
+    """Call ``module.configure_model()`` in the strategy's init context, the first time a stage runs it."""
+    if type(module).configure_model is not TrainModule.configure_model and not module.__dict__.get("_model_configured"):
+        with strategy.module_init_context():
+            module.configure_model()
+        module.__dict__["_model_configured"] = True
 
 
 def _warn_not_attached(name: str) -> None:

@@ -28,6 +28,8 @@ class SchedulerConfig:
     strict: bool = True
     name: Optional[str] = None
     reduce_on_plateau: bool = False
+    #: ``module.lr_scheduler_step(scheduler, metric)`` where the module overrides it (e.g. timm schedulers).
+    step_fn: Optional[Callable[[Any, Any], None]] = None
 
 
 def _is_optimizer(obj: Any) -> bool:
@@ -135,6 +137,11 @@ def step_schedulers(
                     )
                 warnings.warn(f"ReduceLROnPlateau: {config.monitor!r} not logged yet; scheduler not stepped.", stacklevel=2)
                 continue
-            config.scheduler.step(float(value))
+            if config.step_fn is not None:
+                config.step_fn(config.scheduler, float(value))
+            else:
+                config.scheduler.step(float(value))
+        elif config.step_fn is not None:
+            config.step_fn(config.scheduler, None)
         else:
             config.scheduler.step()

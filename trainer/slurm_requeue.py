@@ -7,7 +7,8 @@ Under SLURM (``srun`` tasks, or one task running the Trainer alone) with ``SLURM
   step, ``interrupted.ckpt`` is saved, global rank 0 runs the requeue command (``scontrol requeue JOBID``) and
   every rank exits with status 0. A handler the user installed for that signal still runs (it is chained);
 - when the job runs again (``SLURM_RESTART_COUNT`` > 0), ``fit()`` without ``ckpt_path`` resumes from the
-  newest checkpoint of the run's checkpoint folder (the one saved above, or ModelCheckpoint's).
+  newest good checkpoint of the run (the one saved above, or ModelCheckpoint's): the ``ckpt_path="auto"``
+  lookup, which elastic restarts use too (:mod:`trainer.auto_resume`).
 
 SIGTERM (the time limit without a warning, ``scancel``) keeps its default action: save and exit, no requeue.
 """
@@ -64,18 +65,3 @@ def _save_and_requeue(env: "SLURMEnvironment") -> Callable[["Trainer", int], Non
 
     return action
 
-
-def resume_path(trainer: "Trainer") -> Optional[str]:
-    """In a requeued SLURM job, the checkpoint to resume from (``None`` on a first run or without one)."""
-    env = slurm_environment(trainer)
-    if env is None or env.restart_count() == 0:
-        return None
-    try:
-        path: Optional[str] = str(trainer._checkpoint.resolve("last"))
-    except FileNotFoundError:
-        path = None
-    path = trainer.strategy.broadcast(path)  # every rank resumes from rank 0's choice
-    if trainer.is_global_zero:
-        found = f"resuming from '{path}'" if path else "no checkpoint found in the run's folder: training starts over"
-        print(f"[trainer] requeued SLURM job (restart {env.restart_count()}): {found}.", flush=True)
-    return path

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -21,8 +21,9 @@ from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_warn
 from strategies.strategy import Strategy
 from trainer import data as data_utils
-from trainer import slurm_requeue
-from trainer.arguments import build_callbacks, build_loggers, checkpoints_last, set_deterministic, validate_arguments
+from trainer import auto_resume, slurm_requeue
+from trainer.arguments import (barebones_defaults, build_callbacks, build_loggers, checkpoints_last, set_benchmark,
+                               set_deterministic, validate_arguments, with_max_time)
 from trainer.checkpointing import CheckpointConnector
 from trainer.datamodule import DataModule
 from trainer.distributed_data import balance_training_batches
@@ -36,8 +37,9 @@ from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
 from trainer.loops.fit_loop import FitLoop
 from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
-from trainer.module import TrainModule
+from trainer.module import TrainModule, configure_model_once
 from trainer.optimizers import SchedulerConfig, parse_optimizers
+from trainer.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
 from trainer.profiler import Profiler, build_profiler
 from trainer.seed import isolated_rng, seed_everything
 from trainer.spawned import run_spawned
@@ -64,13 +66,18 @@ class Trainer:
         num_nodes: int = 1,
         strategy: Union[str, Strategy] = "auto",
         precision: Union[str, int] = "32-true",
+        plugins: Any = None,
+        sync_batchnorm: bool = False,
         max_epochs: Optional[int] = None,
         min_epochs: Optional[int] = None,
         max_steps: int = -1,
+        min_steps: Optional[int] = None,
+        max_time: Any = None,
         limit_train_batches: Optional[Union[int, float]] = None,
         limit_val_batches: Optional[Union[int, float]] = None,
         limit_test_batches: Optional[Union[int, float]] = None,
         limit_predict_batches: Optional[Union[int, float]] = None,
+        overfit_batches: Union[int, float] = 0.0,
         val_check_interval: Optional[Union[int, float]] = None,
         check_val_every_n_epoch: Optional[int] = 1,
         num_sanity_val_steps: int = 2,
@@ -83,11 +90,16 @@ class Trainer:
         enable_checkpointing: bool = True,
         enable_progress_bar: bool = True,
         enable_model_summary: bool = True,
+        enable_autolog_hparams: bool = True,
         default_root_dir: Optional[Union[str, os.PathLike]] = None,
         deterministic: Union[bool, str] = False,
+        benchmark: Optional[bool] = None,
+        inference_mode: bool = True,
         fast_dev_run: Union[bool, int] = False,
         use_distributed_sampler: bool = True,
+        reload_dataloaders_every_n_epochs: int = 0,
         detect_anomaly: bool = False,
+        barebones: bool = False,
         seed: Optional[int] = None,
         on_nonfinite_loss: Optional[str] = None,
         stop_signals: Any = ("SIGTERM", "SIGINT"),
@@ -96,14 +108,18 @@ class Trainer:
         profiler: Union[str, Profiler, None] = None,
     ) -> None:
         settings = validate_arguments(dict(
-            max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps, limit_train_batches=limit_train_batches,
+            max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps, min_steps=min_steps,
+            limit_train_batches=limit_train_batches, overfit_batches=overfit_batches,
             limit_val_batches=limit_val_batches, limit_test_batches=limit_test_batches,
             limit_predict_batches=limit_predict_batches, val_check_interval=val_check_interval,
             check_val_every_n_epoch=check_val_every_n_epoch, num_sanity_val_steps=num_sanity_val_steps,
             accumulate_grad_batches=accumulate_grad_batches, gradient_clip_val=gradient_clip_val,
             gradient_clip_algorithm=gradient_clip_algorithm, log_every_n_steps=log_every_n_steps,
             default_root_dir=default_root_dir, deterministic=deterministic, fast_dev_run=fast_dev_run, seed=seed,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs, barebones=barebones,
         ))  # fmt: skip
+        if barebones:
+            logger, enable_checkpointing, enable_progress_bar, enable_model_summary = barebones_defaults(logger, detect_anomaly)
         for name, value in settings.items():
             setattr(self, name, value)
         self.use_distributed_sampler = bool(use_distributed_sampler)
@@ -111,15 +127,24 @@ class Trainer:
         self.enable_checkpointing = bool(enable_checkpointing)
         self.enable_progress_bar = bool(enable_progress_bar)
         self.enable_model_summary = bool(enable_model_summary)
+        self.enable_autolog_hparams = bool(enable_autolog_hparams)
+        self.inference_mode = bool(inference_mode)
+        self.sync_batchnorm = bool(sync_batchnorm)
         self.compile = check_compile(compile)
         self.activation_checkpointing = check_block_classes(activation_checkpointing)
         self.profiler: Optional[Profiler] = build_profiler(profiler)
         if seed is not None:
             seed_everything(seed)
-        self.strategy: Strategy = build_strategy(accelerator, devices, num_nodes, strategy, precision)
+        plugin_settings = sort_plugins(plugins, precision)
+        self.strategy: Strategy = build_strategy(accelerator, devices, num_nodes, strategy,
+                                                 plugin_settings.precision or precision,
+                                                 plugin_settings.cluster_environment)  # fmt: skip
+        apply_to_strategy(self.strategy, plugin_settings)
+        check_sync_batchnorm(self.sync_batchnorm, self.strategy)
         self.precision: str = self.strategy.precision.name
         self.num_nodes = num_nodes
         set_deterministic(deterministic)
+        set_benchmark(benchmark, deterministic)
 
         self.module: Optional[TrainModule] = None
         self.datamodule: Optional[DataModule] = None
@@ -149,6 +174,7 @@ class Trainer:
         self.callbacks: list[Callback] = build_callbacks(
             callbacks, self.enable_checkpointing, self.enable_progress_bar, self.enable_model_summary
         )
+        self.callbacks = with_max_time(self.callbacks, max_time, self.enable_checkpointing)
 
     @classmethod
     def from_config(cls, config: Union[str, os.PathLike, dict[str, Any], None] = None, **defaults: Any) -> "Trainer":
@@ -216,14 +242,20 @@ class Trainer:
         model = self._model_or_fitted(model, "predict")
         return self._launch(self._predict_impl, model, dataloaders, datamodule, return_predictions, ckpt_path)
 
-    def save_checkpoint(self, filepath: Union[str, os.PathLike], weights_only: bool = False) -> None:
+    def save_checkpoint(self, filepath: Union[str, os.PathLike], weights_only: bool = False,
+                        asynchronous: bool = False) -> None:  # fmt: skip
         """Write a checkpoint of the current state (atomically; global rank 0 writes, all ranks must call).
 
-        ``weights_only=True`` keeps the module weights and hyperparameters only (for inference or a new fit).
-        """
+        ``weights_only=True`` keeps the module weights and hyperparameters only (for inference or a new fit);
+        ``asynchronous=True`` copies the state now and writes it in the background."""
         if self.module is None:
             raise RuntimeError("save_checkpoint() needs a module: call it during or after fit/validate/test.")
-        self._checkpoint.save(filepath, weights_only)
+        self._checkpoint.save(filepath, weights_only, asynchronous)
+
+    def init_module(self, empty_init: Optional[bool] = None) -> ContextManager:
+        """Context to build modules in: on ``meta`` under sharded strategies (``empty_init=False``: real tensors), else
+        on the device in the precision's dtype (``empty_init=True``: no random init). ``configure_model`` runs in it."""
+        return self.strategy.module_init_context(empty_init)
 
     # ------------------------------------------------------------------ stage implementations
     def _launch(self, fn: Any, *args: Any) -> Any:
@@ -237,17 +269,20 @@ class Trainer:
     def _fit_impl(self, model: TrainModule, train_dataloaders: Any, val_dataloaders: Any,
                   datamodule: Optional[DataModule], ckpt_path: Any) -> None:  # fmt: skip
         with self._stage("fit", model, datamodule):
+            self._fit_sources = (train_dataloaders, val_dataloaders, datamodule)  # reload_dataloaders_every_n_epochs
             self._setup_fit_data(model, train_dataloaders, val_dataloaders, datamodule)
+            if self.sync_batchnorm:
+                sync_batchnorm_layers(model, self.strategy)
             self._setup_module(model)
             self._setup_optimizers(model)
             self.should_stop = False
-            if ckpt_path is None:
-                ckpt_path = slurm_requeue.resume_path(self)
+            ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
             if ckpt_path is not None:
                 self._checkpoint.restore_training(ckpt_path)
             model.train()
             self._call_hook("on_fit_start")
-            self._metrics.log_hyperparams(model, self.datamodule)
+            if self.enable_autolog_hparams:
+                self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses
                 self._run_sanity_check()
                 epoch_loop = TrainingEpochLoop(self, self._optimization)
@@ -309,13 +344,13 @@ class Trainer:
         profiling = Instrumentation.attach(self, stage) if self.profiler is not None else None
         finished = False
         try:
+            data_utils.prepare_data(self.strategy, model, datamodule)
             if datamodule is not None:
-                if self.local_rank == 0:
-                    datamodule.prepare_data()
-                self.strategy.barrier("prepare_data")
                 datamodule.setup(stage)
             self._call_hook("setup", stage)
+            configure_model_once(model, self.strategy)
             yield
+            self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
             finished = True
         except BaseException as exc:
             for hook in self._hooks.callback_hooks["on_exception"]:
@@ -382,10 +417,9 @@ class Trainer:
     def _prepare_loaders(self, loaders: list[Any], argument: str, training: bool) -> list[Any]:
         """Check each loader and split it across ranks (the training loader gets a shuffling sampler)."""
         sampler_kwargs = self.strategy.distributed_sampler_kwargs
-        for loader in loaders:
-            data_utils.check_iterable(loader, argument)
         pin = self.strategy.root_device.type == "cuda"
-        return [data_utils.prepare_loader(dl, sampler_kwargs, training, self.use_distributed_sampler, pin) for dl in loaders]
+        return [data_utils.ready_loader(dl, argument, training, sampler_kwargs, self.use_distributed_sampler,
+                                        self.overfit_batches, pin) for dl in loaders]  # fmt: skip
 
     def _setup_module(self, model: TrainModule) -> None:
         """Activation checkpointing, the strategy's placing and wrapping, then ``compile`` where the wrapper needs it."""
@@ -400,6 +434,9 @@ class Trainer:
         optimizers, schedulers = parse_optimizers(model.configure_optimizers())
         self._optimizers = self.strategy.setup_optimizers(optimizers)
         self.lr_scheduler_configs = schedulers
+        if overrides(model, TrainModule, "lr_scheduler_step"):
+            for config in schedulers:
+                config.step_fn = model.lr_scheduler_step
         if model.automatic_optimization:
             if len(self._optimizers) > 1:
                 raise ConfigurationError(
@@ -426,7 +463,7 @@ class Trainer:
         self._set_train_dataloader(loader, "reset_train_dataloader(loader)")
 
     def _set_train_dataloader(self, loader: Any, argument: str) -> None:
-        [self._train_dataloader] = self._prepare_loaders([loader], argument, training=True)
+        [self._train_dataloader] = self._prepare_loaders([data_utils.as_training_loader(loader)], argument, training=True)
         self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
                                                                "limit_train_batches")  # fmt: skip
         if self.strategy.world_size > 1:  # ranks that run different batch counts would deadlock in DDP
@@ -460,8 +497,13 @@ class Trainer:
         progress.val_pending = False
 
     def _can_stop(self, epochs_done: int) -> bool:
-        """A stop request is honoured once ``min_epochs`` epochs are done."""
-        return self.min_epochs is None or epochs_done >= self.min_epochs
+        """A stop request is honoured once ``min_epochs`` epochs and ``min_steps`` steps are done."""
+        return ((self.min_epochs is None or epochs_done >= self.min_epochs)
+                and (self.min_steps is None or self.global_step >= self.min_steps))  # fmt: skip
+
+    def _reload_fit_dataloaders(self) -> None:
+        """``reload_dataloaders_every_n_epochs``: ask the module/datamodule for its loaders again."""
+        self._setup_fit_data(self.module, *self._fit_sources)
 
     def _call_hook(self, name: str, *args: Any) -> Any:
         return self._hooks(self, name, *args)
@@ -617,5 +659,11 @@ class Trainer:
         return self.state_stage == "predict"
 
     def __repr__(self) -> str:
-        return f"Trainer(strategy={self.strategy!r}, max_epochs={self.max_epochs}, max_steps={self.max_steps})"
+        # Never raises, also for a Trainer whose __init__ failed half-way (pytest prints it in tracebacks).
+        try:
+            fields = ", ".join(f"{name}={self.__dict__[name]!r}" for name in ("strategy", "max_epochs", "max_steps")
+                               if name in self.__dict__)  # fmt: skip
+        except Exception:  # noqa: BLE001 - a repr must not raise
+            fields = "..."
+        return f"Trainer({fields})"
 

@@ -71,6 +71,8 @@ class ExperimentConfig:
 LAUNCH_KEYS = tuple(f.name for f in dataclasses.fields(ExperimentConfig)
                     if f.name not in (*SECTIONS, "source", "given"))  # fmt: skip
 TOP_LEVEL_KEYS = LAUNCH_KEYS + SECTIONS
+#: Keys of a ``TrainerCLI`` config (:mod:`trainer.trainer_cli`): accepted in an experiment file, read by the CLI only.
+CLI_KEYS = ("seed_everything", "ckpt_path", "verbose", "return_predictions", "optimizer", "lr_scheduler")
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -118,7 +120,7 @@ def parse_config(data: Any, source: str) -> ExperimentConfig:
         raise ConfigurationError(
             f"{source}: the top level must be a mapping of settings (e.g. 'devices: 2'), not a {type(data).__name__}."
         )
-    check_keys(data, TOP_LEVEL_KEYS, source, hint="Trainer arguments go under 'trainer:'.")
+    check_keys(data, TOP_LEVEL_KEYS + CLI_KEYS, source, hint="Trainer arguments go under 'trainer:'.")
     given = frozenset(key for key in LAUNCH_KEYS if data.get(key) is not None)
     config = ExperimentConfig(source=source, given=given)
     for key in given:

@@ -4,6 +4,7 @@
     python engine_job.py OUT killed STATE      # the resumable loop, killed right after save_state mid-epoch
     python engine_job.py OUT resumed STATE     # the same loop from load_state(STATE) to the end
     trainer run --config acc.yaml engine_job.py OUT launched   # Engine() and Trainer() take the launcher's settings
+    trainer run --config ds.yaml engine_job.py OUT trainer_launched   # a Trainer() alone fits with the launcher's
 
 ``parity``: the Engine loop (gloo, 16-mixed on the CPU, accumulation 2 with a partial last window, clipping,
 SGD with momentum, a step LR scheduler, shuffled data), the Trainer on the same module and data, and (rank 0)
@@ -12,6 +13,7 @@ then the resumable loop run without interruption (the reference for ``killed`` +
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import sys
@@ -198,6 +200,7 @@ def main() -> None:
     settings = dict(accelerator="cpu", devices=2, precision="16-mixed")
     report: dict = {}
     if mode == "launched":
+        atexit.register(record_group_at_exit, out)  # registered first, so it runs after the strategy's handler
         engine = Engine()  # everything from the launcher (an Accelerate config file)
         trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
         torch.manual_seed(0)
@@ -205,6 +208,17 @@ def main() -> None:
         report.update(settings_of(engine.strategy), trainer=settings_of(trainer.strategy), syncs=result["syncs"],
                       accumulate=engine.gradient_accumulation_steps, threads=os.environ.get("OMP_NUM_THREADS"))  # fmt: skip
         rank = engine.process_index
+    elif mode == "trainer_launched":  # only a Trainer, everything from the launcher (e.g. a DeepSpeed file)
+        trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, max_epochs=1)  # fmt: skip
+        module = Wrapped(make_net())
+        trainer.fit(module, DataLoader(dataset(), batch_size=BATCH, shuffle=True))
+        strategy = trainer.strategy
+        zero = strategy.config.get("zero_optimization", {}) if hasattr(strategy, "config") else {}
+        report.update(settings_of(strategy), cls=type(strategy).__name__, stage=zero.get("stage"),
+                      offload=zero.get("offload_optimizer", {}).get("device"), accumulate=trainer.accumulate_grad_batches,
+                      global_step=trainer.global_step)  # fmt: skip
+        rank = trainer.global_rank
     elif mode == "parity":
         engine = Engine(**settings, accumulate_grad_batches=ACCUMULATE, loggers="csv", project_dir=out)
         torch.manual_seed(0)
@@ -228,6 +242,12 @@ def main() -> None:
             os._exit(KILLED)
         rank = engine.process_index
     torch.save(report, out / f"rank{rank}.pt")
+
+
+def record_group_at_exit(out: Path) -> None:
+    """Whether the process group outlived the script (left to interpreter finalization, gloo can abort)."""
+    state = "initialized" if torch.distributed.is_initialized() else "destroyed"
+    (out / f"exit{os.environ['RANK']}.txt").write_text(state)
 
 
 def settings_of(strategy) -> dict:

@@ -2,11 +2,12 @@
 gradient accumulation and validation inside epochs.
 
     python resumable_fit.py ROOT OUT [--kill-batch N] [--kill-val N] [--save-every-batch] [--resume]
-                            [--sleep S] [--ready-after N --ready-file PATH] [--devices N]
+                            [--sleep S] [--ready-after N --ready-file PATH] [--devices N] [--combined MODE]
 
 ROOT holds the checkpoints; OUT receives the final module weights. ``--kill-batch N`` ends the process with
 ``os._exit`` before the micro-batch after N finished ones; ``--kill-val N`` during the N-th validation batch
-of the fit (sanity check excluded).
+of the fit (sanity check excluded). ``--combined MODE`` trains on two shuffled loaders combined in that
+CombinedLoader mode (10 and 6 batches per epoch; ``max_size_cycle`` as the plain dict Lightning users return).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from callbacks import Callback, ModelCheckpoint  # noqa: E402
-from trainer import Trainer, TrainModule  # noqa: E402
+from trainer import CombinedLoader, Trainer, TrainModule  # noqa: E402
 
 KILLED = 3
 
@@ -39,8 +40,8 @@ class Net(TrainModule):
     def training_step(self, batch, batch_idx):
         if self.sleep:
             time.sleep(self.sleep)
-        x, y = batch
-        loss = nn.functional.mse_loss(self.net(x), y)
+        parts = [part for part in batch.values() if part is not None] if isinstance(batch, dict) else [batch]
+        loss = sum(nn.functional.mse_loss(self.net(x), y) for x, y in parts)
         self.log("train_loss", loss)
         return loss
 
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-after", type=int, default=0)
     parser.add_argument("--ready-file", default="")
     parser.add_argument("--devices", type=int, default=1, help="> 1: DDP over that many CPU processes")
+    parser.add_argument("--combined", default="", help="train on two loaders combined in this mode")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -104,6 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     data = TensorDataset(torch.randn(40, 6), torch.randn(40, 1))
     train = DataLoader(data, batch_size=4, shuffle=True)  # 10 micro-batches per epoch
     val = DataLoader(TensorDataset(torch.randn(12, 6), torch.randn(12, 1)), batch_size=4, shuffle=True)
+    if args.combined:
+        second = DataLoader(TensorDataset(torch.randn(24, 6), torch.randn(24, 1)), batch_size=4, shuffle=True)
+        loaders = {"a": train, "b": second}
+        train = loaders if args.combined == "max_size_cycle" else CombinedLoader(loaders, args.combined)
     module = Net()
     module.kill_val, module.sleep = args.kill_val, args.sleep
     checkpoint_dir = os.path.join(args.root, "checkpoints")

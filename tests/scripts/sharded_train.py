@@ -2,7 +2,7 @@
 
     python sharded_train.py --out DIR --job strategies      # 2 ranks: ddp/zero1/zero2/fsdp fits, checkpoints
     python sharded_train.py --out DIR --job world1 --resume FOLDER   # 1 rank: fsdp resumes a 2-rank folder
-    python sharded_train.py --out DIR --job deepspeed       # 2 ranks: ZeRO-2 through DeepSpeed
+    python sharded_train.py --out DIR --job deepspeed       # 2 ranks: ZeRO-2 and ZeRO-3 (with offload) through DeepSpeed
 
 All fits train the same model on the same data (shuffled, Adam with StepLR, accumulation 2, norm clipping,
 validation with sync_dist), so their final weights can be compared across strategies and across resumes.
@@ -56,12 +56,25 @@ class Net(TrainModule):
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 3, gamma=0.5)}
 
 
-def data(batch: int = BATCH, one_process_order: bool = False) -> tuple[DataLoader, DataLoader]:
-    """Shuffled training data. ``one_process_order``: without a strategy that splits the data, shuffle as the
-    DistributedSampler the Trainer gives 2 ranks does (so batches of 2*BATCH hold what both ranks' held)."""
+class WideMLP(Net):
+    """8 -> 256 -> 256 -> 4: one matrix holds 95% of the parameters, which whole-parameter ZeRO partitions
+    cannot split evenly."""
+
+    def __init__(self) -> None:
+        TrainModule.__init__(self)
+        self.net = nn.Sequential(nn.Linear(8, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def data(batch: int = BATCH, one_process_order: bool = False, shape: tuple[int, int] = (6, 1)) -> tuple[DataLoader, DataLoader]:
+    """Shuffled training data (``shape``: input and target features). ``one_process_order``: without a strategy
+    that splits the data, shuffle as the DistributedSampler the Trainer gives 2 ranks does (so batches of
+    2*BATCH hold what both ranks' held)."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(N_TRAIN, 6, generator=generator)
-    y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(N_TRAIN, 1, generator=generator)
+    x = torch.randn(N_TRAIN, shape[0], generator=generator)
+    y = x.sum(dim=1, keepdim=True).repeat(1, shape[1]) + 0.1 * torch.randn(N_TRAIN, shape[1], generator=generator)
     dataset = TensorDataset(x, y)
     if one_process_order:
         train = DataLoader(dataset, batch_size=batch, sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=0))
@@ -70,9 +83,14 @@ def data(batch: int = BATCH, one_process_order: bool = False) -> tuple[DataLoade
     return train, DataLoader(TensorDataset(x[:10], y[:10]), batch_size=5)
 
 
-def local_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if is_dtensor(tensor) else tensor
-    return local.numel() * local.element_size()
+def allocated_bytes(tensors) -> int:
+    """Bytes of the storage behind the local part of each of ``tensors``, each storage once: what the rank
+    really allocated for them (FSDP2's padded shards included)."""
+    storages = {}
+    for tensor in tensors:
+        storage = (tensor.to_local() if is_dtensor(tensor) else tensor).untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 class MemoryProbe(Callback):
@@ -84,10 +102,10 @@ class MemoryProbe(Callback):
     def on_before_zero_grad(self, trainer, module, optimizer):
         local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer there
         self.bytes = {
-            "parameters": sum(local_bytes(p) for p in module.parameters()),
-            "gradients": sum(local_bytes(p.grad) for p in module.parameters() if p.grad is not None),
-            "optimizer_state": sum(local_bytes(v) for state in local.state.values() for v in state.values()
-                                   if isinstance(v, torch.Tensor)),  # fmt: skip
+            "parameters": allocated_bytes(module.parameters()),
+            "gradients": allocated_bytes(p.grad for p in module.parameters() if p.grad is not None),
+            "optimizer_state": allocated_bytes(v for state in local.state.values() for v in state.values()
+                                               if isinstance(v, torch.Tensor)),  # fmt: skip
         }
 
 
@@ -121,9 +139,9 @@ def plain_sgd(module: nn.Module) -> dict:
 
 
 def fit(strategy, devices: int = 2, batch: int = BATCH, callbacks=(), ckpt_path=None, one_process_order=False,
-        configure_optimizers_early=False, stateless_optimizer=False, **overrides):
+        configure_optimizers_early=False, stateless_optimizer=False, module_class=Net, **overrides):
     torch.manual_seed(0)
-    module = Net()
+    module = module_class()
     if stateless_optimizer:
         module.configure_optimizers = lambda: plain_sgd(module)
     if configure_optimizers_early:  # the mistake of building the optimizer before the Trainer shards the module
@@ -136,14 +154,17 @@ def fit(strategy, devices: int = 2, batch: int = BATCH, callbacks=(), ckpt_path=
                     callbacks=list(callbacks))  # fmt: skip
     settings.update(overrides)
     trainer = Trainer(**settings)
-    trainer.fit(module, *data(batch, one_process_order), ckpt_path=ckpt_path)
+    shape = (module.net[0].in_features, module.net[-1].out_features)
+    trainer.fit(module, *data(batch, one_process_order, shape), ckpt_path=ckpt_path)
     return trainer, module
 
 
-def checkpoints(folder: Path) -> list[ModelCheckpoint]:
-    """Every STOP_AT steps (with last.ckpt) in ``folder``, and at every epoch end in ``folder/epochs``."""
-    return [ModelCheckpoint(dirpath=folder, every_n_train_steps=STOP_AT, save_top_k=-1, save_last=True),
-            ModelCheckpoint(dirpath=folder / "epochs", save_top_k=-1)]  # fmt: skip
+def checkpoints(folder: Path, asynchronous: bool = False) -> list[ModelCheckpoint]:
+    """Every STOP_AT steps (with last.ckpt) in ``folder``, and at every epoch end in ``folder/epochs``;
+    ``asynchronous``: written in the background (``dcp.async_save``)."""
+    return [ModelCheckpoint(dirpath=folder, every_n_train_steps=STOP_AT, save_top_k=-1, save_last=True,
+                            asynchronous=asynchronous),
+            ModelCheckpoint(dirpath=folder / "epochs", save_top_k=-1, asynchronous=asynchronous)]  # fmt: skip
 
 
 def strategies_job(out: Path) -> dict:
@@ -162,14 +183,28 @@ def strategies_job(out: Path) -> dict:
                         "val_loss": float(trainer.callback_metrics["val_loss"])}  # fmt: skip
     rank = trainer.global_rank
 
-    # Interrupted at STOP_AT steps, resumed from the newest sharded folder ("last").
+    # ZeRO-1 on a model with one dominant matrix: each rank's share of the optimizer state.
+    for name in ("ddp", "zero1"):
+        probe = MemoryProbe()
+        trainer, module = fit(name, callbacks=[probe], module_class=WideMLP, max_steps=2)
+        report[f"{name}_wide"] = {"bytes": probe.bytes, "weights": full_weights(trainer, module)}
+
+    # Interrupted at STOP_AT steps, resumed from the newest sharded folder ("last"); zero1's saved asynchronously.
     for name in ("fsdp", "zero1"):
         folder = out / f"ckpt_{name}"
-        trainer, module = fit(name, callbacks=checkpoints(folder), max_steps=STOP_AT)
+        trainer, module = fit(name, callbacks=checkpoints(folder, asynchronous=name == "zero1"), max_steps=STOP_AT)
         report[f"{name}_at_stop"] = full_weights(trainer, module)
         trainer, module = fit(name, callbacks=checkpoints(folder), ckpt_path="last")
         report[f"{name}_resumed"] = full_weights(trainer, module)
         report[f"{name}_resumed_from"] = trainer.ckpt_path
+
+    # ZeRO-1 with state_dict_type="full": one file, the optimizer state gathered on rank 0; resumed from it.
+    from strategies import ZeroStrategy
+
+    folder = out / "ckpt_zero1_full"
+    fit(ZeroStrategy(stage=1, state_dict_type="full"), callbacks=checkpoints(folder), max_steps=STOP_AT)
+    trainer, module = fit(ZeroStrategy(stage=1, state_dict_type="full"), callbacks=checkpoints(folder), ckpt_path="last")
+    report["zero1_full_resumed"] = full_weights(trainer, module)
 
     # Plain SGD keeps no per-parameter state: resuming restores the groups' settings (the decayed LR).
     folder = out / "ckpt_zero2_sgd"
@@ -219,14 +254,19 @@ def world1_job(resume: str) -> dict:
 
 
 def deepspeed_job(out: Path) -> dict:
-    """ZeRO-2 through DeepSpeed: a full fit, and one interrupted at STOP_AT steps then resumed from its folder."""
+    """DeepSpeed on CPU ranks: ZeRO-2 (a full fit, and one interrupted at STOP_AT steps then resumed from its
+    folder), ZeRO-2 with the optimizer offloaded to CPU memory, and ZeRO-3 with optimizer and parameters offloaded
+    (its checkpoints also hold the gathered weights, as Accelerate's zero3_save_16bit_model asks)."""
+    import deepspeed
+
     from strategies.deepspeed import DeepSpeedStrategy
 
-    def strategy() -> DeepSpeedStrategy:
-        return DeepSpeedStrategy(stage=2, config={"gradient_clipping": CLIP})
+    def strategy(**options) -> DeepSpeedStrategy:
+        return DeepSpeedStrategy(config={"gradient_clipping": CLIP}, **{"stage": 2, **options})
 
     def weights(module: nn.Module) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        with deepspeed.zero.GatheredParameters(list(module.parameters())):  # ZeRO-3 holds partitions: gather them
+            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
     trainer, module = fit(strategy())
     report = {"rank": trainer.global_rank, "weights": weights(module), "global_step": trainer.global_step}
@@ -234,6 +274,16 @@ def deepspeed_job(out: Path) -> dict:
     fit(strategy(), callbacks=checkpoints(folder), max_steps=STOP_AT)
     trainer, module = fit(strategy(), callbacks=checkpoints(folder), ckpt_path="last")
     report.update(resumed=weights(module), resumed_from=trainer.ckpt_path)
+    trainer, module = fit(strategy(offload_optimizer="cpu"))
+    report["offload"] = {"weights": weights(module), "global_step": trainer.global_step,
+                         "device": trainer.strategy.config["zero_optimization"]["offload_optimizer"]["device"]}  # fmt: skip
+    stage3 = out / "ckpt_zero3"
+    trainer, module = fit(strategy(stage=3, offload_optimizer=True, offload_parameters=True, save_16bit_model=True),
+                          callbacks=[ModelCheckpoint(dirpath=stage3, save_last=True)])  # fmt: skip
+    saved = stage3 / "last.ckpt" / "pytorch_model.bin"
+    report["zero3"] = {"weights": weights(module), "global_step": trainer.global_step,
+                       "partitioned": sum(p.numel() for p in module.parameters()),  # ZeRO-3: this rank's share
+                       "saved_weights": torch.load(saved, weights_only=True) if saved.exists() else None}  # fmt: skip
     return report
 
 

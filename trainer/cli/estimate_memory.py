@@ -1,15 +1,25 @@
-"""``trainer estimate-memory``: per-device memory of a module under each strategy, and a recommendation.
+"""``trainer estimate-memory``: per-device memory of a module under each strategy or N-D layout, and a recommendation.
 
     trainer estimate-memory model.py:GPT --world-size 8 --precision bf16-mixed --device-memory 80GB --wrap Block
+    trainer estimate-memory model.py:GPT --world-size 8 --tp 1,2,8 --pp 1,4 --tp-plan megatron --wrap Block
 
 The class is built with no arguments on the ``meta`` device (no memory, no weights), so a model far larger
-than this machine is planned in seconds; its ``example_input_array``, if set, gives the activations. The
-figures come from :mod:`trainer.memory`; ``model_parallel`` means WORLD_SIZE devices in one process.
+than this machine is planned in seconds; its ``example_input_array``, if set, gives the activations (one
+micro-batch of one data-parallel rank). The figures come from :mod:`trainer.memory`.
+
+Without layout flags it compares the strategies (``model_parallel`` means WORLD_SIZE devices in one
+process). With any of ``--dp-replicate``, ``--dp-shard``, ``--tp``, ``--pp`` (each a size or a comma list of
+sizes; ``--dp-shard`` defaults to -1: whatever the others leave) it prints one row per layout that makes
+WORLD_SIZE ranks. ``--tp-plan`` is ``megatron`` (the built-in Megatron-LM split of the transformer blocks,
+printed so it can be passed to ``parallelize_module``) or ``file.py:function`` / ``package.module:function``
+returning the plan dict, called with the (meta) module. ``--pipeline`` names the modules that begin stages
+1, 2, ... (default: balanced by bytes, blocks whole).
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,47 +29,103 @@ from torch import nn
 
 from strategies.errors import ConfigurationError
 from trainer.cli.common import command_parser, positive_int
-from trainer.memory import STRATEGIES, report
+from trainer.memory import SCHEDULES, STRATEGIES, layout_report, layouts_for, report
+
+_LAYOUT_FLAGS = ("dp_replicate", "dp_shard", "tp", "pp")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``trainer estimate-memory``."""
-    parser = command_parser(subparsers, "estimate-memory", "per-device memory of a module under each strategy",
+    parser = command_parser(subparsers, "estimate-memory", "per-device memory of a module under each strategy or layout",
                             __doc__)  # fmt: skip
     parser.add_argument("module", help="path/to/file.py:ClassName or package.module:ClassName")
     parser.add_argument("--world-size", type=positive_int, default=1, metavar="N")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--optimizer", default="adam", help="adam, adamw, sgd, sgd_momentum, rmsprop, adagrad")
-    parser.add_argument("--device-memory", default=None, metavar="SIZE", help="e.g. 80GB: also recommend a strategy")
+    parser.add_argument("--device-memory", default=None, metavar="SIZE", help="e.g. 80GB: also recommend")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), metavar="NAME[,NAME]")
     parser.add_argument("--wrap", default="", metavar="CLASS[,CLASS]",
-                        help="FSDP units: the names of the module classes to wrap, e.g. --wrap Block")  # fmt: skip
+                        help="the block classes: FSDP units, the megatron plan's blocks, kept whole by --pipeline auto")  # fmt: skip
+    for flag in _LAYOUT_FLAGS:
+        parser.add_argument(f"--{flag.replace('_', '-')}", type=_sizes, default=None, metavar="N[,N]",
+                            help="-1: the rest of the world size" if flag == "dp_shard" else None)  # fmt: skip
+    parser.add_argument("--tp-plan", default=None, metavar="megatron|FILE.py:FUNCTION")
+    parser.add_argument("--pipeline", default="auto", metavar="auto|MODULE[,MODULE]",
+                        help="the modules that begin pipeline stages 1, 2, ...")  # fmt: skip
+    parser.add_argument("--microbatches", type=positive_int, default=None, metavar="N", help="default: pp")
+    parser.add_argument("--schedule", default="1F1B", choices=SCHEDULES)
     parser.set_defaults(handler=main)
     return parser
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size or a comma list of sizes, e.g. 2 or 1,2,8") from None
+    if not sizes or any(size < 1 and size != -1 for size in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes are positive ints (or -1: the rest of the world size)")
+    return sizes
+
+
 def main(args: argparse.Namespace) -> int:
     """Print the table (and the recommendation when ``--device-memory`` is given)."""
-    cls = load_class(args.module)
+    cls = load_object(args.module, "class")
     with torch.device("meta"):
         module = cls()
-    strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     wrap = {name.strip() for name in args.wrap.split(",") if name.strip()}
-    unknown = wrap - {type(m).__name__ for m in module.modules()}
+    classes = {type(m).__name__: type(m) for m in module.modules()}
+    unknown = wrap - set(classes)
     if unknown:
         raise ConfigurationError(f"--wrap {args.wrap}: {args.module} has no submodule of class {sorted(unknown)}.")
-    policy = (lambda m: type(m).__name__ in wrap) if wrap else None
-    print(report(module, args.world_size, args.device_memory, strategies=strategies, precision=args.precision,
-                 optimizer=args.optimizer, example_input=getattr(module, "example_input_array", None),
-                 auto_wrap_policy=policy))  # fmt: skip
+    policy = {classes[name] for name in wrap} or None
+    common = dict(precision=args.precision, optimizer=args.optimizer, auto_wrap_policy=policy,
+                  example_input=getattr(module, "example_input_array", None))  # fmt: skip
+    if all(getattr(args, flag) is None for flag in _LAYOUT_FLAGS) and args.tp_plan is None and args.pipeline == "auto":
+        strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
+        print(report(module, args.world_size, args.device_memory, strategies=strategies, **common))
+        return 0
+    sizes = {flag: getattr(args, flag) or ([-1] if flag == "dp_shard" else [1]) for flag in _LAYOUT_FLAGS}
+    layouts = layouts_for(args.world_size, **sizes)
+    plan = _tp_plan(args.tp_plan, module, policy) if any(layout.tp > 1 for layout in layouts) else None
+    pipeline = "auto" if args.pipeline == "auto" else [name.strip() for name in args.pipeline.split(",") if name.strip()]
+    if pipeline != "auto" and all(layout.pp == 1 for layout in layouts):
+        raise ConfigurationError(f"--pipeline {args.pipeline} names pipeline stage boundaries, but no layout has --pp above 1.")
+    print(layout_report(module, layouts, args.device_memory, tp_plan=plan, pipeline=pipeline,
+                        microbatches=args.microbatches, schedule=args.schedule, **common))  # fmt: skip
+    if args.tp_plan == "megatron" and plan:
+        from strategies.tp_plan import format_plan
+
+        print("The 'megatron' TP plan, for parallelize_module(model, tp_mesh, {...}):\n    "
+              + format_plan(plan).replace("\n", "\n    "))  # fmt: skip
     return 0
 
 
-def load_class(spec: str) -> type:
-    """``path/to/module.py:ClassName`` or ``package.module:ClassName`` → the class."""
+def _tp_plan(spec: Any, module: nn.Module, policy: Any) -> Any:
+    if spec is None:
+        raise ConfigurationError(
+            "--tp above 1 needs --tp-plan: 'megatron' (the built-in split of transformer blocks) or "
+            "FILE.py:FUNCTION returning the dict you pass to parallelize_module."
+        )
+    if spec == "megatron":
+        from strategies.tp_plan import megatron_plan
+
+        return megatron_plan(module, policy or ())
+    function = load_object(spec, "function")
+    plan = function(module) if inspect.signature(function).parameters else function()
+    if not isinstance(plan, dict):
+        raise ConfigurationError(f"--tp-plan {spec} returned {type(plan).__name__}; it must return the plan dict.")
+    return plan
+
+
+
+
+def load_object(spec: str, kind: str) -> Any:
+    """``path/to/module.py:NAME`` or ``package.module:NAME`` → an ``nn.Module`` class (``kind="class"``) or a
+    function (``kind="function"``)."""
     target, _, name = spec.partition(":")
     if not name:
-        raise ConfigurationError(f"'{spec}' must be 'path/to/file.py:ClassName' or 'package.module:ClassName'.")
+        raise ConfigurationError(f"'{spec}' must be 'path/to/file.py:Name' or 'package.module:Name'.")
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
@@ -67,10 +133,14 @@ def load_class(spec: str) -> type:
         sys.path.insert(0, str(path.resolve().parent))
         spec_obj = importlib.util.spec_from_file_location(path.stem, path)
         loaded = importlib.util.module_from_spec(spec_obj)
+        sys.modules[spec_obj.name] = loaded  # dataclasses and pickling look their module up there
         spec_obj.loader.exec_module(loaded)
     else:
         loaded = importlib.import_module(target)
-    cls = getattr(loaded, name, None)
-    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
+    found: Any = getattr(loaded, name, None)
+    if kind == "class" and not (isinstance(found, type) and issubclass(found, nn.Module)):
         raise ConfigurationError(f"'{spec}': {name!r} is not an nn.Module class in {target}.")
-    return cls
+    if kind == "function" and not (callable(found) and not isinstance(found, type)):
+        raise ConfigurationError(f"'{spec}': {name!r} is not a function in {target}.")
+    return found
+

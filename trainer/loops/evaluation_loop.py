@@ -1,12 +1,13 @@
 """Validation and test epochs (hook order in :mod:`trainer.loops.fit_loop`), and prediction."""
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from trainer.batch_transfer import batch_mover
 from trainer.logged_metrics import ResultCollection
+from trainer.step_signature import step_arity
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer
@@ -14,13 +15,15 @@ if TYPE_CHECKING:  # pragma: no cover
 _END = object()
 
 
-def _accepts_dataloader_idx(step: Callable[..., Any]) -> bool:
-    try:
-        params = inspect.signature(step).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in params)
+def evaluation_grad_mode(trainer: "Trainer") -> Any:
+    """``torch.inference_mode()`` for evaluation and prediction (``Trainer(inference_mode=True)``, the default),
+    else ``torch.no_grad()``. As in Lightning, gloo process groups and sharded strategies get ``no_grad``: their
+    collectives and parameter gathering write into tensors that inference mode would make read-only."""
+    if trainer.inference_mode and not trainer.strategy.is_sharded:
+        distributed = torch.distributed
+        if not (distributed.is_available() and distributed.is_initialized() and distributed.get_backend() == "gloo"):
+            return torch.inference_mode()
+    return torch.no_grad()
 
 
 class EvaluationLoop:
@@ -47,7 +50,7 @@ class EvaluationLoop:
         call_hook = trainer._call_hook
         prefix = self.prefix
         several = len(loaders) > 1
-        pass_idx = several and _accepts_dataloader_idx(getattr(module, self.step_name))
+        arity = step_arity(getattr(module, self.step_name), several)  # (batch[, batch_idx[, dataloader_idx]])
         batch_start = trainer._hooks.caller(trainer, f"on_{prefix}_batch_start")
         batch_end = trainer._hooks.caller(trainer, f"on_{prefix}_batch_end")
         was_training = module.training
@@ -55,8 +58,8 @@ class EvaluationLoop:
         trainer._results = results
         results.reset()
         try:
-            module.eval()
-            with torch.no_grad():
+            getattr(module, f"on_{prefix}_model_eval")()  # module.eval() unless the module says otherwise
+            with evaluation_grad_mode(trainer):
                 results.epoch_level = True
                 call_hook(f"on_{prefix}_start")
                 call_hook(f"on_{prefix}_epoch_start")
@@ -64,16 +67,17 @@ class EvaluationLoop:
                 for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                     results.dataloader_idx = dataloader_idx if several else None
                     iterator = iter(loader)
+                    to_device = batch_mover(trainer, dataloader_idx)
                     batch_idx = 0
                     while batch_idx < limit:
                         batch = next(iterator, _END)
                         if batch is _END:
                             break
-                        batch = strategy.batch_to_device(batch)
+                        batch = to_device(batch)
                         results.set_batch(batch)
                         if batch_start is not None:
                             batch_start(batch, batch_idx, dataloader_idx)
-                        args = (batch, batch_idx, dataloader_idx) if pass_idx else (batch, batch_idx)
+                        args = (batch, batch_idx, dataloader_idx)[:arity]
                         outputs = strategy.evaluation_step(self.step_name, *args)
                         if batch_end is not None:
                             batch_end(outputs, batch, batch_idx, dataloader_idx)
@@ -88,7 +92,7 @@ class EvaluationLoop:
                 call_hook(f"on_{prefix}_end")
         finally:
             if was_training:
-                module.train()
+                getattr(module, f"on_{prefix}_model_train")()
             trainer._results = previous_results
         return per_loader
 
@@ -106,23 +110,24 @@ class PredictionLoop:
         module = trainer.module
         call_hook = trainer._call_hook
         several = len(loaders) > 1
-        pass_idx = several and _accepts_dataloader_idx(module.predict_step)
+        arity = step_arity(module.predict_step, several)
         all_outputs: list[list[Any]] = []
-        module.eval()
-        with torch.no_grad():
+        module.on_predict_model_eval()
+        with evaluation_grad_mode(trainer):
             call_hook("on_predict_start")
             call_hook("on_predict_epoch_start")
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                 outputs: list[Any] = []
                 iterator = iter(loader)
+                to_device = batch_mover(trainer, dataloader_idx)
                 batch_idx = 0
                 while batch_idx < limit:
                     batch = next(iterator, _END)
                     if batch is _END:
                         break
-                    batch = strategy.batch_to_device(batch)
+                    batch = to_device(batch)
                     call_hook("on_predict_batch_start", batch, batch_idx, dataloader_idx)
-                    args = (batch, batch_idx, dataloader_idx) if pass_idx else (batch, batch_idx)
+                    args = (batch, batch_idx, dataloader_idx)[:arity]
                     prediction = strategy.evaluation_step("predict_step", *args)
                     call_hook("on_predict_batch_end", prediction, batch, batch_idx, dataloader_idx)
                     if return_predictions:

@@ -5,7 +5,8 @@
     strategy.setup_environment()                 # process group, device, precision checks
     datamodule.prepare_data()                    # local rank 0 only
     setup("fit")                                 # datamodule → callbacks → module
-    strategy.setup_module(module)                # precision conversion, device, DDP/FSDP wrapping
+    configure_model()                            # once per module, in the strategy's init context (meta if sharded)
+    strategy.setup_module(module)                # precision conversion, device, DDP/FSDP wrapping, materialising
     configure_optimizers() → strategy.setup_optimizers(...)
     [restore ckpt_path]                          # on_load_checkpoint: callbacks → module
     on_fit_start                                 # callbacks → module
@@ -13,6 +14,7 @@
     on_train_start
     [restored fit: the saved RNG is put back]
     for epoch in epochs:
+        [every reload_dataloaders_every_n_epochs epochs: train/val dataloaders requested again]
         on_train_epoch_start
         for batch_idx, batch in train data:      # batch_idx counts micro-batches
             on_train_batch_start(batch, batch_idx)        # returning -1 ends the epoch early
@@ -90,8 +92,10 @@ class FitLoop:
         progress = self.progress
         trainer._call_hook("on_train_start")
         trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
+        reload_every, first_epoch = trainer.reload_dataloaders_every_n_epochs, progress.epoch
         while not self.done:
-            loader = trainer._train_dataloader
+            if reload_every and progress.epoch != first_epoch and progress.epoch % reload_every == 0:
+                trainer._reload_fit_dataloaders()  # reload_dataloaders_every_n_epochs
             num_batches = trainer.num_training_batches
             results = trainer._metrics.train
             if progress.batch_in_epoch == 0:

@@ -11,6 +11,7 @@ from strategies.errors import ConfigurationError
 from trainer.hooks import overrides
 from trainer.module import TrainModule
 from trainer.optimizers import step_schedulers
+from trainer.step_signature import takes_batch_idx
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer
@@ -78,22 +79,29 @@ class AutomaticOptimization:
         self.clip_val = trainer.gradient_clip_val
         self.clip_algorithm = trainer.gradient_clip_algorithm
         self.custom_clipping = overrides(module, TrainModule, "configure_gradient_clipping")
+        self.pass_batch_idx = takes_batch_idx(module.training_step)  # training_step(batch) is allowed, as in Lightning
         self.window_has_loss = False
         self.loss_check = trainer._faults.guard  # records the loss on device; None skips the micro-batch
         # on_train_batch_end gets {"loss": detached loss, **other keys} as in Lightning; built only if it is used.
         self.report_outputs = hooks.caller(trainer, "on_train_batch_end") is not None
         self._before_step: Callable[[], None] = self._hooks_and_clipping
+        # The module's own optimizer_step / optimizer_zero_grad (Lightning hooks, e.g. a learning-rate warm-up).
+        self.custom_step = _OverriddenStep(self) if overrides(module, TrainModule, "optimizer_step") else None
+        self.custom_zero_grad = overrides(module, TrainModule, "optimizer_zero_grad")
+        self.last_loss: Optional[Tensor] = None
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
         strategy = self.strategy
         with strategy.backward_sync(window_end):
-            output = strategy.training_step(batch, batch_idx)
+            output = strategy.training_step(batch, batch_idx) if self.pass_batch_idx else strategy.training_step(batch)
             loss = extract_loss(output)
             if self.report_outputs and loss is not None:
                 output = {**output, "loss": loss.detach()} if isinstance(output, dict) else {"loss": loss.detach()}
             if loss is not None and self.loss_check is not None:
                 loss = self.loss_check(loss)
             if loss is not None:
+                if self.custom_step is not None:
+                    self.last_loss = loss
                 if self.accumulate > 1:
                     loss = loss / self.accumulate
                 if self.before_backward is not None:
@@ -112,17 +120,26 @@ class AutomaticOptimization:
                 self.window_has_loss = True
         if window_end:
             if self.window_has_loss and self.optimizer is not None:
-                self.step()
+                if self.custom_step is not None:
+                    self.custom_step.run(batch_idx)
+                else:
+                    self.step(batch_idx)
             self.window_has_loss = False
         return output
 
-    def step(self) -> None:
+    def step(self, batch_idx: int = 0) -> None:
+        stepped = self.strategy.optimizer_step(self.optimizer, self._before_step)
+        self.zero_grad(batch_idx)
+        self.counter.after_step(stepped)
+
+    def zero_grad(self, batch_idx: int) -> None:
         optimizer = self.optimizer
-        stepped = self.strategy.optimizer_step(optimizer, self._before_step)
         if self.before_zero_grad is not None:
             self.before_zero_grad(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        self.counter.after_step(stepped)
+        if self.custom_zero_grad:
+            self.trainer.module.optimizer_zero_grad(self.trainer.current_epoch, batch_idx, optimizer)
+        else:
+            optimizer.zero_grad(set_to_none=True)
 
     def _hooks_and_clipping(self) -> None:
         optimizer = self.optimizer
@@ -134,14 +151,67 @@ class AutomaticOptimization:
             self.strategy.clip_gradients(optimizer, self.clip_val, self.clip_algorithm)
 
 
+class _OverriddenStep:
+    """Runs a module's own ``optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)``. The ``optimizer`` it
+    gets steps through the strategy (hooks, clipping, precision) when the module calls ``optimizer.step(closure)``;
+    the closure returns the window's loss, whose forward and backward already ran, so an optimizer that evaluates
+    its closure several times (LBFGS) needs manual optimisation."""
+
+    def __init__(self, automatic: AutomaticOptimization) -> None:
+        self.automatic = automatic
+        self.stepped: Optional[bool] = None
+        self._closure_calls = 0
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The wrapped torch optimizer."""
+        return self.automatic.optimizer
+
+    def _closure(self) -> Optional[Tensor]:
+        self._closure_calls += 1
+        if self._closure_calls > 1:
+            raise ConfigurationError(
+                "optimizer_step: the closure was called more than once (an LBFGS-style optimizer). With automatic "
+                "optimisation the forward and backward run once per step; use manual optimisation "
+                "(self.automatic_optimization = False) to re-evaluate the loss inside optimizer.step(closure)."
+            )
+        return self.automatic.last_loss
+
+    def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> None:
+        """Step through the strategy (unscale → ``on_before_optimizer_step`` → clip → step)."""
+        if closure is not None:
+            closure()
+        automatic = self.automatic
+        self.stepped = automatic.strategy.optimizer_step(automatic.optimizer, automatic._before_step)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients."""
+        self.automatic.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def run(self, batch_idx: int) -> None:
+        automatic = self.automatic
+        trainer = automatic.trainer
+        self.stepped, self._closure_calls = None, 0
+        trainer.module.optimizer_step(trainer.current_epoch, batch_idx, self, self._closure)
+        automatic.zero_grad(batch_idx)
+        if self.stepped is not None:  # a module that skipped optimizer.step() took no step
+            automatic.counter.after_step(self.stepped)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.automatic.optimizer, name)
+
+
 class ManualOptimization:
     """Calls ``training_step``; the user steps optimizers through the wrappers ``self.optimizers()`` returns."""
 
     def __init__(self, trainer: "Trainer") -> None:
         self.strategy = trainer.strategy
+        self.pass_batch_idx = takes_batch_idx(trainer.module.training_step)
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
-        return self.strategy.training_step(batch, batch_idx)
+        if self.pass_batch_idx:
+            return self.strategy.training_step(batch, batch_idx)
+        return self.strategy.training_step(batch)
 
 
 class ManualOptimizer:

@@ -9,6 +9,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from strategies.errors import ConfigurationError
+from trainer.batch_transfer import batch_mover
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer
@@ -52,7 +53,6 @@ class TrainingEpochLoop:
         """Consume ``iterator`` from ``progress.batch_in_epoch`` up to ``num_batches`` micro-batches."""
         trainer = self.trainer
         progress = trainer.fit_loop.progress
-        strategy = trainer.strategy
         results = trainer._metrics.train
         batch_start = trainer._hooks.caller(trainer, "on_train_batch_start")
         batch_end = trainer._hooks.caller(trainer, "on_train_batch_end")
@@ -66,6 +66,7 @@ class TrainingEpochLoop:
         across_epochs = trainer.check_val_every_n_epoch is None
         known_length = not math.isinf(num_batches)
         batch_idx = progress.batch_in_epoch
+        to_device = batch_mover(trainer)
 
         if progress.val_pending:  # resumed from a checkpoint saved between a batch and its validation
             trainer._run_validation_in_fit()
@@ -84,7 +85,7 @@ class TrainingEpochLoop:
                 lookahead = next(iterator, _END)
                 is_last = lookahead is _END
 
-            batch = strategy.batch_to_device(batch)
+            batch = to_device(batch)
             results.set_batch(batch)
             if batch_start is not None and batch_start(batch, batch_idx) == -1:
                 break

@@ -1,0 +1,218 @@
+"""``CombinedLoader``: several dataloaders iterated as one, as in Lightning.
+
+``Trainer.fit`` wraps a list, tuple or dict of training DataLoaders in ``CombinedLoader(..., "max_size_cycle")``,
+so ``training_step`` gets ``[batch_a, batch_b]`` (or ``{"a": batch_a, "b": batch_b}``) each step. Modes:
+
+===================  =====================================================================  ==================
+mode                 one step gets                                                          batches per epoch
+===================  =====================================================================  ==================
+``max_size_cycle``   a batch of every loader; shorter loaders start over until the longest  the longest's
+                     is done (the training default)
+``min_size``         a batch of every loader, until the shortest is done                    the shortest's
+``max_size``         a batch of every loader; a finished loader gives ``None``             the longest's
+``sequential``       one batch: all of the first loader's, then the second's, ...           the sum
+===================  =====================================================================  ==================
+
+Iterating a ``CombinedLoader`` yourself yields ``(batch, batch_idx, dataloader_idx)`` as Lightning's does
+(``dataloader_idx`` is 0 except in ``sequential`` mode). Under a distributed strategy each loader gets its own
+distributed sampler, and a fit resumed mid-epoch continues every loader at its exact position
+(:mod:`trainer.data_position`). Evaluation stages run several loaders one after the other (``sequential``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+from torch import Tensor
+
+from strategies.errors import ConfigurationError
+
+MODES = ("max_size_cycle", "min_size", "max_size", "sequential")
+
+#: ``start(i, skip, saved)`` → an iterator over loader ``i``, ``skip`` batches in (``saved``: its position state).
+StartLoader = Callable[[int, int, Optional[dict]], Iterator[Any]]
+
+
+def is_loader_like(value: Any) -> bool:
+    """Something that yields batches when iterated: a DataLoader, a CombinedLoader or another iterable (not a
+    tensor, string or mapping, whose iteration yields rows, characters or keys)."""
+    return hasattr(value, "__iter__") and not isinstance(value, (Tensor, str, bytes, Mapping))
+
+
+def training_batches(loader: Any) -> Iterator[Any]:
+    """The batches ``training_step`` gets from ``loader``: for a CombinedLoader its combined batches (iterating one
+    yields ``(batch, batch_idx, dataloader_idx)``), else what iterating the loader gives."""
+    return loader.batches() if isinstance(loader, CombinedLoader) else iter(loader)
+
+
+class CombinedLoader:
+    """Iterate a list, tuple or dict of dataloaders together (``mode`` as in the module docstring).
+
+    ``CombinedLoader({"labelled": dl_a, "unlabelled": dl_b}, mode="max_size_cycle")``; one loader alone is
+    accepted too (its batches are not wrapped).
+    """
+
+    def __init__(self, iterables: Any, mode: str = "min_size") -> None:
+        if mode not in MODES:
+            raise ConfigurationError(f"CombinedLoader(mode={mode!r}) is not a mode; use one of {', '.join(MODES)}.")
+        if isinstance(iterables, Mapping):
+            keys: Optional[list[Any]] = list(iterables)
+            loaders = list(iterables.values())
+        elif isinstance(iterables, (list, tuple)):
+            keys, loaders = None, list(iterables)
+        else:
+            keys, loaders = None, [iterables]
+        if not loaders:
+            raise ConfigurationError("CombinedLoader needs at least one dataloader; it got an empty collection.")
+        names = keys if keys is not None else list(range(len(loaders)))
+        for name, loader in zip(names, loaders):
+            if not is_loader_like(loader):
+                raise ConfigurationError(
+                    f"CombinedLoader: entry {name!r} is a {type(loader).__name__}, which does not yield batches when "
+                    "iterated. Each entry must be a torch DataLoader (or another iterable of batches)."
+                )
+        self._iterables = iterables
+        self._keys = keys
+        self._container = dict if keys is not None else (type(iterables) if isinstance(iterables, (list, tuple)) else None)
+        self._loaders = loaders
+        self.mode = mode
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def iterables(self) -> Any:
+        """The list, tuple or dict (or the single loader) this was built from."""
+        return self._iterables
+
+    @property
+    def flattened(self) -> list[Any]:
+        """The loaders in order (a dict's in its key order)."""
+        return list(self._loaders)
+
+    def with_loaders(self, loaders: list[Any]) -> "CombinedLoader":
+        """A CombinedLoader of the same shape and mode over ``loaders`` (e.g. with distributed samplers injected)."""
+        if len(loaders) != len(self._loaders):
+            raise ValueError(f"with_loaders: expected {len(self._loaders)} loaders, got {len(loaders)}.")
+        if self._keys is not None:
+            return CombinedLoader(dict(zip(self._keys, loaders)), self.mode)
+        if self._container is None:
+            return CombinedLoader(loaders[0], self.mode)
+        return CombinedLoader(self._container(loaders), self.mode)
+
+    def pack(self, batches: list[Any]) -> Any:
+        """One batch per loader → the shape the loaders were given in (list, tuple, dict, or the batch itself)."""
+        if self._keys is not None:
+            return dict(zip(self._keys, batches))
+        if self._container is None:
+            return batches[0]
+        return self._container(batches)
+
+    @property
+    def sampler(self) -> Any:
+        """Each loader's sampler, in the shape the loaders were given in."""
+        return self.pack([getattr(loader, "sampler", None) for loader in self._loaders])
+
+    def __len__(self) -> int:
+        """Batches per epoch in this mode; ``TypeError`` when a loader has no length."""
+        lengths = [len(loader) for loader in self._loaders]
+        if self.mode == "min_size":
+            return min(lengths)
+        if self.mode == "sequential":
+            return sum(lengths)
+        return max(lengths)
+
+    # ------------------------------------------------------------------ iteration
+    def batches(self, start: Optional[StartLoader] = None, resume: Optional[dict[str, Any]] = None) -> "CombinedIterator":
+        """An iterator over the combined batches (what ``training_step`` gets); ``start`` creates each loader's
+        iterator, ``resume`` is a :meth:`CombinedIterator.state_dict` to continue from."""
+        loaders = self._loaders
+        return CombinedIterator(self, start or (lambda i, skip, saved: iter(loaders[i])), resume)
+
+    def __iter__(self) -> Iterator[tuple[Any, int, int]]:
+        """``(batch, batch_idx, dataloader_idx)`` as Lightning yields them."""
+        iterator = self.batches()
+        index, loader_idx = 0, 0
+        for batch in iterator:
+            if self.mode == "sequential" and iterator.current != loader_idx:
+                index, loader_idx = 0, iterator.current
+            yield batch, index, loader_idx
+            index += 1
+
+    def __repr__(self) -> str:
+        return f"CombinedLoader(mode={self.mode!r}, loaders={len(self._loaders)})"
+
+
+class CombinedIterator:
+    """One pass over a :class:`CombinedLoader` in its mode. Counts what it took from each loader, so a resumed fit
+    can start every loader where it was (:meth:`state_dict`)."""
+
+    def __init__(self, combined: CombinedLoader, start: StartLoader, resume: Optional[dict[str, Any]] = None) -> None:
+        self.combined = combined
+        self.mode = combined.mode
+        self.start = start
+        count = len(combined.flattened)
+        self.consumed = [0] * count  # batches taken from each loader's current pass
+        self.finished = [False] * count  # loader ran out (max_size_cycle: at least once)
+        self.current = 0  # sequential: the loader being read
+        saved_children: list[Optional[dict]] = [None] * count
+        if resume is not None:
+            self.consumed = list(resume["consumed"])
+            self.finished = list(resume["finished"])
+            self.current = int(resume["current"])
+            saved_children = list(resume.get("children") or saved_children)
+        self.iterators: list[Optional[Iterator[Any]]] = [None] * count
+        if self.mode == "sequential":
+            if self.current < count:
+                self.iterators[self.current] = start(self.current, self.consumed[self.current],
+                                                     saved_children[self.current])  # fmt: skip
+        else:
+            for i in range(count):
+                if not (self.mode == "max_size" and self.finished[i]):
+                    self.iterators[i] = start(i, self.consumed[i], saved_children[i])
+
+    def __iter__(self) -> "CombinedIterator":
+        return self
+
+    def _next_of(self, i: int) -> Any:
+        batch = next(self.iterators[i])
+        self.consumed[i] += 1
+        return batch
+
+    def __next__(self) -> Any:
+        if self.mode == "sequential":
+            return self._next_sequential()
+        batches: list[Any] = []
+        for i, iterator in enumerate(self.iterators):
+            if iterator is None:  # max_size: this loader is done
+                batches.append(None)
+                continue
+            try:
+                batches.append(self._next_of(i))
+            except StopIteration:
+                self.finished[i] = True
+                if self.mode == "min_size" or all(self.finished):
+                    raise
+                if self.mode == "max_size":
+                    self.iterators[i] = None
+                    batches.append(None)
+                    continue
+                self.iterators[i] = self.start(i, 0, None)  # max_size_cycle: this loader starts over
+                self.consumed[i] = 0
+                batches.append(self._next_of(i))
+        return self.combined.pack(batches)
+
+    def _next_sequential(self) -> Any:
+        count = len(self.iterators)
+        while self.current < count:
+            try:
+                return self._next_of(self.current)
+            except StopIteration:
+                self.finished[self.current] = True
+                self.iterators[self.current] = None
+                self.current += 1
+                if self.current < count:
+                    self.iterators[self.current] = self.start(self.current, 0, None)
+        raise StopIteration
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where each loader stands (plain values)."""
+        return {"mode": self.mode, "consumed": list(self.consumed), "finished": list(self.finished),
+                "current": self.current}  # fmt: skip

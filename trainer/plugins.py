@@ -1,0 +1,100 @@
+"""``Trainer(plugins=...)``: Lightning's way of handing the Trainer a precision plugin, a cluster environment or a
+checkpoint-IO object. Each is routed to where it belongs here: the precision plugin is the ``precision``
+argument, the cluster environment the strategy's, the checkpoint IO the strategy's single-file writer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from strategies.checkpoint_io import CheckpointIO
+from strategies.errors import ConfigurationError
+from strategies.precision import Precision, canonical_precision
+
+
+@dataclass
+class PluginSettings:
+    """What ``plugins=`` held, sorted by kind (each kind at most once)."""
+
+    precision: Optional[Precision] = None
+    cluster_environment: Any = None
+    checkpoint_io: Optional[CheckpointIO] = None
+
+
+def _is_cluster_environment(plugin: Any) -> bool:
+    if not all(callable(getattr(plugin, name, None)) for name in ("world_size", "global_rank", "local_rank")):
+        return False
+    from strategies.environments import ClusterEnvironment
+
+    return isinstance(plugin, ClusterEnvironment)
+
+
+def _is_checkpoint_io(plugin: Any) -> bool:
+    return isinstance(plugin, CheckpointIO) or all(
+        callable(getattr(plugin, name, None)) for name in ("save_checkpoint", "load_checkpoint", "remove_checkpoint")
+    )
+
+
+def sort_plugins(plugins: Any, precision: Any) -> PluginSettings:
+    """Check ``plugins`` (one object or a list) and sort them; a precision plugin conflicts with a ``precision``
+    argument other than the default."""
+    if plugins is None:
+        return PluginSettings()
+    items = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    settings = PluginSettings()
+    for plugin in items:
+        if isinstance(plugin, Precision):
+            kind = "precision"
+        elif _is_cluster_environment(plugin):
+            kind = "cluster_environment"
+        elif _is_checkpoint_io(plugin):
+            kind = "checkpoint_io"
+        else:
+            raise ConfigurationError(
+                f"plugins: {plugin!r} is not a plugin the Trainer knows. Pass a strategies.Precision (e.g. "
+                "MixedPrecision('bf16-mixed')), a cluster environment (strategies.environments.ClusterEnvironment) "
+                "or a checkpoint IO (strategies.checkpoint_io.CheckpointIO)."
+            )
+        if getattr(settings, kind) is not None:
+            raise ConfigurationError(f"plugins: more than one {kind.replace('_', ' ')} plugin was given; pass one.")
+        setattr(settings, kind, plugin)
+    if settings.precision is not None and not isinstance(precision, Precision) and canonical_precision(precision) != "32-true":
+        raise ConfigurationError(
+            f"Trainer got precision={precision!r} and a precision plugin in plugins=; pass only one of them."
+        )
+    return settings
+
+
+def apply_to_strategy(strategy: Any, settings: PluginSettings) -> None:
+    """Give the built strategy the checkpoint IO plugin (strategies that write folders cannot use one)."""
+    if settings.checkpoint_io is None:
+        return
+    writes_folders = strategy.strategy_name == "deepspeed" or getattr(strategy, "state_dict_type", "full") == "sharded"
+    if writes_folders:
+        raise ConfigurationError(
+            f"plugins: a checkpoint IO writes single-file checkpoints, but strategy {strategy.strategy_name!r} writes "
+            "sharded checkpoint folders. Use state_dict_type='full' (FSDP/ZeRO) or drop the checkpoint IO plugin."
+        )
+    strategy.checkpoint_io = settings.checkpoint_io
+
+
+def check_sync_batchnorm(enabled: bool, strategy: Any) -> None:
+    """``sync_batchnorm=True`` needs GPUs when several processes train: torch's ``SyncBatchNorm`` has no CPU kernel."""
+    if enabled and strategy.is_distributed and strategy.root_device.type == "cpu":
+        raise ConfigurationError(
+            "sync_batchnorm=True: torch.nn.SyncBatchNorm synchronises statistics on GPUs only, and these processes "
+            "run on the CPU. Drop sync_batchnorm, or train on GPUs (accelerator='gpu')."
+        )
+
+
+def sync_batchnorm_layers(module: Any, strategy: Any) -> None:
+    """Replace the module's BatchNorm layers by ``torch.nn.SyncBatchNorm`` (in place) before a distributed strategy
+    wraps it; one process has nothing to synchronise and keeps them."""
+    if not strategy.is_distributed:
+        return
+    import torch
+
+    for name, child in list(module.named_children()):
+        converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(child)
+        if converted is not child:
+            setattr(module, name, converted)

@@ -1,0 +1,46 @@
+"""Which positional arguments a module's ``*_step`` method takes, read once per fit/stage (never per step).
+
+As in Lightning, ``training_step(self, batch)`` is called without ``batch_idx``, and ``validation_step``/
+``test_step``/``predict_step`` get ``dataloader_idx`` only when there are several dataloaders and the method
+takes a third argument. A method takes ``batch_idx`` when it has a parameter of that name, ``*args``, or at
+least two positional parameters (whatever their names).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+#: More positional arguments than any step is ever given.
+_UNBOUNDED = 99
+
+
+def positional_capacity(method: Callable[..., Any]) -> int:
+    """How many positional arguments the bound ``method`` accepts (``_UNBOUNDED`` with ``*args``)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C function: assume it takes what it is given
+        return _UNBOUNDED
+    count = 0
+    for parameter in parameters:
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            return _UNBOUNDED
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            count += 1
+    return count
+
+
+def takes_batch_idx(method: Callable[..., Any]) -> bool:
+    """True when ``method(batch, batch_idx)`` is the call to make; False for ``method(batch)``."""
+    try:
+        if "batch_idx" in inspect.signature(method).parameters:
+            return True
+    except (TypeError, ValueError):
+        return True
+    return positional_capacity(method) >= 2
+
+
+def step_arity(method: Callable[..., Any], several_dataloaders: bool) -> int:
+    """How many of ``(batch, batch_idx, dataloader_idx)`` an evaluation/predict step is given: 1, 2 or 3."""
+    if not takes_batch_idx(method):
+        return 1
+    return 3 if several_dataloaders and positional_capacity(method) >= 3 else 2

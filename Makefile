@@ -1,6 +1,7 @@
 # Two commands do all set-up from a fresh clone:
 #   make demo   create .venv if missing, install torch + the project, train examples/digits.py on the CPU
 #   make test   same set-up, then the whole test suite
+#   make gpu-check  on a CUDA machine: the CUDA-only tests and benchmarks/gpt.py at a GPU size (docs/performance.md)
 # TORCH=... overrides the torch requirement (default: the CPU build that installs from local disk here).
 # EXTRAS: the optional dependencies installed too, so their tests run instead of skipping: deepspeed (ZeRO on CPU
 # ranks) and s3 (fsspec, s3fs and moto's S3 server on 127.0.0.1 for the remote-checkpoint tests).
@@ -11,8 +12,11 @@ EXTRAS ?= test,s3,deepspeed
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# gpu-check builds its own venv on top of a Python whose torch has CUDA (its packages are used as they are).
+GPU_PYTHON ?= python3
+GPU_VENV ?= .venv-gpu
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,5 +41,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/import_time.py
 	$(BIN)/python benchmarks/overhead.py
 
+gpu-check:
+	$(GPU_PYTHON) -m venv --system-site-packages $(GPU_VENV)
+	$(GPU_VENV)/bin/python benchmarks/check_gpu.py
+	$(GPU_VENV)/bin/python -m pip install --quiet --no-build-isolation -e ".[test]" \
+	    || $(GPU_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(GPU_VENV)/bin/python -m pytest tests -m cuda -q -p no:cacheprovider
+	$(GPU_VENV)/bin/python benchmarks/gpt.py --size gpu
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(GPU_VENV) *.egg-info .pytest_cache

@@ -2,7 +2,8 @@
 
 Each repeat starts two new Python processes (``import torch`` and ``import torch, trainer``) and reads the
 in-process time of the imports; the medians are compared. Target: at most 0.10 s. Also lists heavy
-optional packages that must not be imported eagerly (tensorboard, rich, torchmetrics, ...).
+optional packages and parts of torch that must not be imported eagerly (tensorboard, rich, torchmetrics,
+torch._dynamo, torch.profiler beyond what ``import torch`` loads, ...).
 """
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ import json, sys, time
 start = time.perf_counter()
 import torch
 after_torch = time.perf_counter()
+with_torch = set(sys.modules)
 if {with_trainer}:
     import trainer
 end = time.perf_counter()
-heavy = [m for m in ("tensorboard", "rich", "torchmetrics", "mlflow", "wandb", "deepspeed", "matplotlib", "yaml")
-         if m in sys.modules]
+heavy = [m for m in ("tensorboard", "rich", "torchmetrics", "mlflow", "wandb", "deepspeed", "matplotlib", "yaml",
+                     "torch._dynamo", "torch._inductor", "torch.profiler", "torch.utils.flop_counter",
+                     "torch.distributed.tensor", "torch.distributed.pipelining")
+         if m in sys.modules and m not in with_torch]
 print(json.dumps({{"torch": after_torch - start, "extra": end - after_torch, "heavy": heavy}}))
 """
 

@@ -6,8 +6,10 @@ the medians are compared. One thread (``torch.set_num_threads(1)``) so the two d
     python benchmarks/overhead.py                 # tiny (32-64-10, batch 32) and medium (512-1024-1024-10, batch 256)
     python benchmarks/overhead.py --defaults      # also the Trainer with its default callbacks and logger on
     python benchmarks/overhead.py --engine        # also the same loop written with the Engine
+    python benchmarks/overhead.py --monitor       # also ThroughputMonitor counting FLOPs against one that does not
+    python benchmarks/overhead.py --clock process # CPU time of this process instead of wall time (a shared machine)
 
-Targets: tiny ≤ 1.10×, medium ≤ 1.01×, tiny with defaults ≤ 1.25×, the Engine ≤ the Trainer.
+Targets: tiny ≤ 1.05×, medium ≤ 1.01×, tiny with defaults ≤ 1.25×, the Engine ≤ the Trainer, FLOP counting 1.00×.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Trainer, TrainModule
+
+clock: Callable[[], float] = time.perf_counter  # --clock process: time.process_time
 
 WORKLOADS = {
     "tiny": {"sizes": (32, 64, 10), "batch": 32, "steps": 2000},
@@ -68,16 +72,16 @@ def run_raw(sizes: tuple[int, ...], loader: DataLoader) -> float:
     torch.manual_seed(0)
     model = make_mlp(sizes)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    start = time.perf_counter()
+    start = clock()
     for x, y in loader:
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def run_trainer(sizes: tuple[int, ...], loader: DataLoader, defaults: bool, root: str) -> float:
+def run_trainer(sizes: tuple[int, ...], loader: DataLoader, defaults: bool, root: str, callbacks: tuple = ()) -> float:
     torch.manual_seed(0)
     module = BenchModule(sizes)
     if defaults:
@@ -85,12 +89,12 @@ def run_trainer(sizes: tuple[int, ...], loader: DataLoader, defaults: bool, root
     else:
         trainer = Trainer(
             accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+            enable_progress_bar=False, enable_model_summary=False, default_root_dir=root, callbacks=list(callbacks),
         )  # fmt: skip
-    start = time.perf_counter()
+    start = clock()
     with contextlib.redirect_stdout(io.StringIO()):  # the default callbacks print a summary and a report
         trainer.fit(module, loader)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def run_engine(sizes: tuple[int, ...], loader: DataLoader) -> float:
@@ -101,17 +105,17 @@ def run_engine(sizes: tuple[int, ...], loader: DataLoader) -> float:
     engine = Engine(accelerator="cpu", devices=1)
     model = make_mlp(sizes)
     model, optimizer, prepared = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
-    start = time.perf_counter()
+    start = clock()
     for x, y in prepared:
         with engine.accumulate(model):
             engine.backward(nn.functional.cross_entropy(model(x), y))
             optimizer.step()
             optimizer.zero_grad()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def measure(name: str, repeats: int, trainer_fn: Callable[[], float], raw_fn: Callable[[], float], steps: int,
-            label: str = "trainer") -> float:  # fmt: skip
+            label: str = "trainer", raw_label: str = "raw") -> float:  # fmt: skip
     """Alternate raw and Trainer runs; report median µs/step of each and the median of per-round ratios
     (each round's two runs are back to back, so a change in machine load affects both alike)."""
     raw_fn(), trainer_fn()  # warm-up: imports, allocator, first-call costs
@@ -122,7 +126,7 @@ def measure(name: str, repeats: int, trainer_fn: Callable[[], float], raw_fn: Ca
     raw_us = statistics.median(raw_times) / steps * 1e6
     trainer_us = statistics.median(trainer_times) / steps * 1e6
     ratio = statistics.median(t / r for t, r in zip(trainer_times, raw_times))
-    print(f"{name:<22} raw {raw_us:8.1f} µs/step   {label} {trainer_us:8.1f} µs/step   ratio {ratio:.3f}×")
+    print(f"{name:<22} {raw_label} {raw_us:8.1f} µs/step   {label} {trainer_us:8.1f} µs/step   ratio {ratio:.3f}×")
     return ratio
 
 
@@ -132,7 +136,13 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--defaults", action="store_true", help="also measure with default callbacks and logger")
     parser.add_argument("--engine", action="store_true", help="also measure the loop written with the Engine")
+    parser.add_argument("--monitor", action="store_true",
+                        help="also measure ThroughputMonitor counting FLOPs against one with count_flops=False")
+    parser.add_argument("--clock", choices=["wall", "process"], default="wall",
+                        help="process: this process's CPU time, which other processes on a shared machine disturb less")
     args = parser.parse_args()
+    global clock
+    clock = time.process_time if args.clock == "process" else time.perf_counter
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as root:
         for name in args.workloads:
@@ -144,6 +154,16 @@ def main() -> None:
             if args.defaults and name == "tiny":
                 measure(f"{name} (defaults on)", args.repeats, lambda: run_trainer(sizes, loader, True, root),
                         lambda: run_raw(sizes, loader), steps)  # fmt: skip
+            if args.monitor and name == "tiny":
+                from callbacks import ThroughputMonitor
+
+                def monitored(count_flops: bool) -> float:  # data_wait_threshold=1: no bottleneck advice printed
+                    monitor = ThroughputMonitor(count_flops=count_flops, peak_flops=1e12, data_wait_threshold=1.0)
+                    return run_trainer(sizes, loader, False, root, (monitor,))
+
+                counting, plain = (lambda: monitored(True)), (lambda: monitored(False))
+                measure(f"{name} (FLOP counting)", args.repeats, counting, plain, steps, label="counting",
+                        raw_label="not counting")  # fmt: skip
             if args.engine:
                 measure(f"{name} (engine)", args.repeats, lambda: run_engine(sizes, loader),
                         lambda: run_raw(sizes, loader), steps, label="engine ")  # fmt: skip

@@ -13,10 +13,10 @@ from callbacks.throughput_monitor import ThroughputMonitor
 
 class FitReport(Callback):
     """Print a rich table when fit ends (global rank 0): duration, epochs and optimizer steps, throughput,
-    data-wait share, peak memory, the best checkpoint and the 16-mixed steps skipped for inf/nan gradients.
+    data-wait share, compute (TFLOP/s and MFU), peak memory, the best checkpoint and the 16-mixed steps skipped for inf/nan gradients.
 
-    Throughput in samples/s and the data-wait share come from a :class:`ThroughputMonitor` when one is
-    among the callbacks; otherwise optimizer steps per second are shown. Added by default with the progress
+    Throughput in samples/s (and tokens/s), the data-wait share, TFLOP/s and MFU come from a
+    :class:`ThroughputMonitor` when one is among the callbacks; otherwise optimizer steps per second are shown. Added by default with the progress
     bar (``enable_progress_bar=True``). The rows are kept in :attr:`rows`.
     """
 
@@ -71,7 +71,11 @@ class FitReport(Callback):
         if totals:
             rate = f"{totals['samples_per_sec']:,.1f} samples/s, {totals['batches_per_sec']:,.2f} batches/s"
             rows.append(("Throughput", rate))
+            if "tokens_per_sec" in totals:
+                rows[-1] = ("Throughput", f"{rate}, {totals['tokens_per_sec']:,.0f} tokens/s")
             rows.append(("Data wait", f"{totals['data_wait_share']:.1%} of training time"))
+            if "tflops_per_sec" in totals:
+                rows.append(("Compute", _compute(totals, monitor.peak)))
         else:
             train_time = (self._train_end or now) - (self._train_start or now)
             if train_time > 0:
@@ -94,6 +98,13 @@ class FitReport(Callback):
         rows.append(("Best checkpoint", best))
         rows.append(("Skipped fp16 steps", str(trainer.skipped_steps)))
         return rows
+
+
+def _compute(totals: dict[str, float], peak: Optional[tuple[float, str]]) -> str:
+    text = f"{totals['tflops_per_sec']:,.3g} TFLOP/s per device ({totals['flops_per_batch'] / 1e9:,.3g} GFLOP per batch)"
+    if peak is None:
+        return text + ", MFU unknown (pass ThroughputMonitor(peak_flops=...))"
+    return text + f", MFU {totals['mfu']:.1%} of {peak[0] / 1e12:,.4g} TFLOP/s ({peak[1]})"
 
 
 def _plural(count: int, noun: str) -> str:

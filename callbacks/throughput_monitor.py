@@ -1,4 +1,5 @@
-"""``ThroughputMonitor``: samples/s, batches/s and how much of the training time is spent waiting for data."""
+"""``ThroughputMonitor``: samples/s, tokens/s, TFLOP/s, MFU, and how much of the training time is spent waiting
+for data."""
 from __future__ import annotations
 
 import os
@@ -6,8 +7,12 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from callbacks.callback import Callback
+from callbacks.flops import BatchFlopCounter, device_peak_flops
 from callbacks.logging_steps import LoggingSteps
+from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_warn
+
+_END = object()
 
 
 def first_dim(batch: Any) -> int:
@@ -19,11 +24,19 @@ def first_dim(batch: Any) -> int:
 
 
 class ThroughputMonitor(Callback):
-    """Measure training throughput and the share of training time spent in the dataloader's ``next()``.
+    """Measure training throughput, compute utilisation and the share of training time spent in the dataloader.
 
-    Logs ``throughput/samples_per_sec``, ``throughput/batches_per_sec`` and ``throughput/data_wait`` (a
-    fraction) over each logging window, and keeps the whole fit's figures in :attr:`summary` (the end-of-fit
-    report shows them). Validation time is not counted as training time.
+    Logs, over each logging window, ``throughput/samples_per_sec``, ``throughput/batches_per_sec``,
+    ``throughput/data_wait`` (a fraction), ``throughput/tokens_per_sec`` (when the module's
+    ``tokens_in_batch(batch)`` returns a count), ``throughput/tflops_per_sec`` (this device's) and
+    ``throughput/mfu`` (model FLOPs utilisation: achieved over peak FLOP/s); the whole fit's figures are in
+    :attr:`summary` (the end-of-fit report shows them). Validation time is not counted as training time.
+
+    FLOPs are counted once per fit, on the first training batch (:class:`callbacks.flops.BatchFlopCounter`:
+    forward and backward under ``torch.utils.flop_counter``), then scaled by the samples each window ran; after
+    that the cost per batch is a few counters. ``count_flops=False`` skips it. The peak comes from
+    :data:`callbacks.flops.PEAK_FLOPS` for the GPU and precision in use, or from ``peak_flops`` (FLOP/s per
+    device, e.g. ``989e12``), which the CPU needs for an MFU figure.
 
     When, after at least ``min_batches`` batches, more than ``data_wait_threshold`` of the time went to
     waiting for batches, and at least ``min_wait_per_batch_s`` per batch (below that, worker processes
@@ -40,13 +53,28 @@ class ThroughputMonitor(Callback):
         data_wait_threshold: float = 0.2,
         min_wait_per_batch_s: float = 1e-3,
         min_batches: int = 20,
+        count_flops: bool = True,
+        peak_flops: Optional[float] = None,
     ) -> None:
+        if peak_flops is not None and (isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float))
+                                       or peak_flops <= 0):  # fmt: skip
+            raise ConfigurationError(f"ThroughputMonitor(peak_flops={peak_flops!r}) must be a FLOP/s figure > 0, e.g. 989e12.")
         self.batch_size_fn = batch_size_fn or first_dim
         self.data_wait_threshold = data_wait_threshold
         self.min_wait_per_batch_s = min_wait_per_batch_s
         self.min_batches = min_batches
+        self.count_flops = bool(count_flops)
+        self.peak_flops = peak_flops
         self.summary: dict[str, float] = {}
         self.warned = False
+        #: FLOPs of the first training batch, and per sample of it (``None`` until counted).
+        self.flops_per_batch: Optional[int] = None
+        self.flops_per_sample: Optional[float] = None
+        #: The peak used for MFU (FLOP/s per device) and where it came from, e.g. "H100 SXM bf16".
+        self.peak: Optional[tuple[float, str]] = None
+        self._counter: Optional[BatchFlopCounter] = None
+        self._first_samples = 1
+        self._tokens_fn: Optional[Callable[[Any], Any]] = None
         self._steps = LoggingSteps()
         self._reset()
 
@@ -55,14 +83,34 @@ class ThroughputMonitor(Callback):
         self.samples = 0
         self.data_wait = 0.0
         self._train_time = 0.0
+        self.tokens = 0
         self._segment_start: Optional[float] = None  # open while training batches run (not validation)
         self._in_epoch = False
-        self._window = (0.0, 0, 0, 0.0)
+        self._window = (0.0, 0, 0, 0.0, 0)
 
     # ------------------------------------------------------------------ timing the data
     def _timed(self, iterator: Iterator[Any]) -> Iterator[Any]:
         clock = time.perf_counter
         size = self.batch_size_fn
+        if not self.batches:  # the fit's first batch: find the token count, count its FLOPs
+            start = clock()
+            batch = next(iterator, _END)
+            if batch is _END:
+                return
+            self.data_wait += clock() - start
+            self.batches = 1
+            self.samples = samples = size(batch)
+            tokens = self._tokens_fn(batch) if self._tokens_fn is not None else None
+            if tokens is None:
+                self._tokens_fn = None
+            else:
+                self.tokens = int(tokens)
+            if self.count_flops and self.flops_per_batch is None:
+                self._counter = BatchFlopCounter()
+                self._counter.start()  # stopped in on_train_batch_end
+                self._first_samples = samples
+            yield batch
+        tokens_fn = self._tokens_fn
         while True:
             start = clock()
             try:
@@ -72,15 +120,29 @@ class ThroughputMonitor(Callback):
             self.data_wait += clock() - start
             self.batches += 1
             self.samples += size(batch)
+            if tokens_fn is not None:
+                self.tokens += int(tokens_fn(batch))
             yield batch
 
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
         if stage == "fit":
             self._reset()
             self.summary = {}
+            self.flops_per_batch = self.flops_per_sample = None
+            tokens_fn = getattr(module, "tokens_in_batch", None)
+            self._tokens_fn = tokens_fn if callable(tokens_fn) else None
+            self.peak = (float(self.peak_flops), "peak_flops argument") if self.peak_flops is not None else \
+                device_peak_flops(trainer.strategy.root_device, trainer.precision)  # fmt: skip
             trainer.train_iterator_wrappers.append(self._timed)
 
+    def _stop_counting(self) -> None:
+        counter, self._counter = self._counter, None
+        if counter is not None and counter.running:
+            self.flops_per_batch = counter.stop()
+            self.flops_per_sample = self.flops_per_batch / max(self._first_samples, 1)
+
     def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+        self._stop_counting()  # a fit that ended inside its first batch
         if stage == "fit" and self._timed in trainer.train_iterator_wrappers:
             trainer.train_iterator_wrappers.remove(self._timed)
 
@@ -108,42 +170,60 @@ class ThroughputMonitor(Callback):
             self._segment_start = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        self._stop_counting()  # the first batch ended its epoch without a batch end (on_train_batch_start gave -1)
         self._close_segment()
         self._in_epoch = False
         self._check_bottleneck(trainer)
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
         self._close_segment()  # max_steps may end training mid-epoch
+        self._stop_counting()
 
     # ------------------------------------------------------------------ reporting
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._counter is not None:
+            self._stop_counting()
         if not self._steps.due(trainer):
             return
-        now = (self.train_time(), self.batches, self.samples, self.data_wait)
+        now = (self.train_time(), self.batches, self.samples, self.data_wait, self.tokens)
         elapsed = now[0] - self._window[0]
         if elapsed > 0:
-            module.log_dict({
-                "throughput/samples_per_sec": (now[2] - self._window[2]) / elapsed,
-                "throughput/batches_per_sec": (now[1] - self._window[1]) / elapsed,
-                "throughput/data_wait": min((now[3] - self._window[3]) / elapsed, 1.0),
-            }, on_step=True, on_epoch=False)  # fmt: skip
+            module.log_dict(self._rates(elapsed, now[1] - self._window[1], now[2] - self._window[2],
+                                        now[3] - self._window[3], now[4] - self._window[4], "throughput/"),
+                            on_step=True, on_epoch=False)  # fmt: skip
         self._window = now
         self._check_bottleneck(trainer)
 
+    def _rates(self, elapsed: float, batches: int, samples: int, data_wait: float, tokens: int,
+               prefix: str = "") -> dict[str, float]:  # fmt: skip
+        rates = {
+            f"{prefix}samples_per_sec": samples / elapsed,
+            f"{prefix}batches_per_sec": batches / elapsed,
+            f"{prefix}data_wait": min(data_wait / elapsed, 1.0),
+        }
+        if self._tokens_fn is not None:
+            rates[f"{prefix}tokens_per_sec"] = tokens / elapsed
+        if self.flops_per_sample is not None:
+            flops_per_sec = self.flops_per_sample * samples / elapsed
+            rates[f"{prefix}tflops_per_sec"] = flops_per_sec / 1e12
+            if self.peak is not None:
+                rates[f"{prefix}mfu"] = flops_per_sec / self.peak[0]
+        return rates
+
     def totals(self) -> dict[str, float]:
         """The fit so far: ``samples_per_sec``, ``batches_per_sec``, ``data_wait_share``, ``batches``,
-        ``samples``, ``train_time_s`` (empty before the first batch)."""
+        ``samples``, ``train_time_s``, and when known ``tokens_per_sec``, ``flops_per_batch``, ``tflops_per_sec``
+        (this device) and ``mfu`` (empty before the first batch). The first batch's time (FLOP counting,
+        compilation) is included."""
         elapsed = self.train_time()
         if elapsed <= 0 or not self.batches:
             return {}
-        return {
-            "samples_per_sec": self.samples / elapsed,
-            "batches_per_sec": self.batches / elapsed,
-            "data_wait_share": min(self.data_wait / elapsed, 1.0),
-            "batches": float(self.batches),
-            "samples": float(self.samples),
-            "train_time_s": elapsed,
-        }
+        totals = self._rates(elapsed, self.batches, self.samples, self.data_wait, self.tokens)
+        totals["data_wait_share"] = totals.pop("data_wait")
+        totals.update(batches=float(self.batches), samples=float(self.samples), train_time_s=elapsed)
+        if self.flops_per_batch is not None:
+            totals["flops_per_batch"] = float(self.flops_per_batch)
+        return totals
 
     def on_fit_end(self, trainer: Any, module: Any) -> None:
         self.summary = self.totals()

@@ -79,6 +79,14 @@ class DataParallelStrategy(Strategy):
         self.model = nn.DataParallel(_TrainingStep(self.module), device_ids=ids, output_device=self.root_device.index)
         return self.model
 
+    def compile_module(self, module: nn.Module, options: dict[str, Any]) -> None:
+        """Not supported: DataParallel copies the module onto each GPU at every step, and the copies would share
+        one compiled forward bound to the original."""
+        raise ConfigurationError(
+            "compile= is not supported with strategy='dp' (DataParallel re-replicates the module every step). Use "
+            "strategy='ddp', which is also faster on several GPUs."
+        )
+
     def training_step(self, *args: Any) -> Any:
         """``training_step`` on every GPU's slice of the batch; the per-slice losses are averaged."""
         with self.precision.forward_context():

@@ -161,6 +161,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         self.sync_module_states = bool(sync_module_states)
         self._root: Optional[_Root] = None
         self._mesh: Any = None
+        self._units: list[nn.Module] = []  # the FSDP units below the root, children first
         self._steps: dict[str, ForwardRedirection] = {}
         self._optimizers: list[Optimizer] = []
 
@@ -186,7 +187,8 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         if self.sync_module_states and self.world_size > 1 and not deferred:
             _broadcast_states(module, self.root_device)
         options = self._shard_options(self.device_mesh)
-        for target in wrap_targets(module, self.auto_wrap_policy):
+        self._units = wrap_targets(module, self.auto_wrap_policy)
+        for target in self._units:
             if not isinstance(target, FSDPModule):  # configure_model may have sharded it already
                 fully_shard(target, **options)
         root = _Root(module)
@@ -196,6 +198,14 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         self.module, self.model, self._root = module, root, root
         self._steps = {}
         return root
+
+    def compile_module(self, module: nn.Module, options: dict[str, Any]) -> None:
+        """Compile each FSDP unit's forward on its own (as torchtitan does), FSDP's hooks eager around them; without
+        units below the root, the module's forward."""
+        from strategies.compile import compile_forward
+
+        for unit in self._units or [module]:
+            compile_forward(unit, options)
 
     @property
     def device_mesh(self) -> Any:

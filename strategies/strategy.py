@@ -74,6 +74,7 @@ class Strategy:
         #: Writes, reads and deletes single-file checkpoints when set (``Trainer(plugins=[CheckpointIO()])``).
         self.checkpoint_io: Optional[CheckpointIO] = None
         self._clip_params: dict[int, list[Tensor]] = {}
+        self._cuda_copy: Any = None  # a SideStreamCopy, made at the first CUDA batch
 
     def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
         """Fill in what the user did not set on this instance: devices, node count, precision plugin.
@@ -151,15 +152,30 @@ class Strategy:
         self.model = self.module
         return self.model
 
+    def compile_module(self, module: nn.Module, options: dict[str, Any]) -> None:
+        """``torch.compile`` a module this strategy set up, in place, where its wrapper needs it (here: the module's
+        forward; see :mod:`strategies.compile`). ``options`` are ``torch.compile``'s keyword arguments."""
+        from strategies.compile import compile_forward
+
+        compile_forward(module, options)
+
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         """Wrap or shard optimizers (identity here)."""
         self._clip_params.clear()
         return optimizers
 
     def batch_to_device(self, batch: Any) -> Any:
-        """Move a batch to this process's device and convert it for the precision."""
+        """Move a batch to this process's device and convert it for the precision. On CUDA the copy runs on a
+        side stream (:mod:`strategies.cuda_copy`); on the CPU the batch is returned as it is."""
         device = self.root_device
-        if device.type != "cpu":  # batches from a DataLoader are already on the CPU
+        if device.type == "cuda":
+            copy = self._cuda_copy
+            if copy is None or copy.device != device:
+                from strategies.cuda_copy import SideStreamCopy
+
+                copy = self._cuda_copy = SideStreamCopy(device)
+            batch = copy(batch)
+        elif device.type != "cpu":  # batches from a DataLoader are already on the CPU
             batch = move_to_device(batch, device)
         if self.precision.converts_input:
             batch = self.precision.convert_input(batch)

@@ -179,6 +179,7 @@ def test_dp_averages_the_per_gpu_losses_it_gathers():
     assert DataParallelStrategy.strategy_name == "dp"
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL DDP and DataParallel); none here")
 def test_cuda_devices_get_nccl_and_one_gpu_per_rank():
     ddp = build_strategy("gpu", 2, 1, "ddp")

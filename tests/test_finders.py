@@ -105,6 +105,7 @@ def test_batch_size_finder_needs_a_budget_on_cpu_and_says_when_nothing_fits(tmp_
         quiet_trainer(tmp_path, callbacks=[BatchSizeFinder(max_memory_mb=1e-6)]).fit(Classifier())
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="no CUDA device here: catching a real out-of-memory needs one")  # fmt: skip
 def test_batch_size_finder_catches_cuda_out_of_memory(tmp_path):

@@ -126,6 +126,7 @@ def test_cpu_devices_train_exactly_like_one_device(device_map):
         assert [device.parameters, device.gradients, device.optimizer_state] == probe.per_device[index]
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs to place layers on different devices")
 def test_layers_run_on_their_gpus():
     torch.manual_seed(0)

@@ -75,6 +75,7 @@ def test_memory_monitor_logs_plausible_rss_and_prints_the_peak(tmp_path, capsys)
     assert "Memory: peak RSS" in capsys.readouterr().out
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: the CUDA figures need one")
 def test_memory_monitor_reads_the_cuda_allocator(tmp_path):
     monitor = MemoryMonitor(verbose=False)

@@ -21,8 +21,8 @@ from trainer import Trainer, TrainModule
 
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="no CUDA GPU visible: the cuda autocast/GradScaler path needs one")),
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA GPU visible: the cuda autocast/GradScaler path needs one")]),
 ]  # fmt: skip
 
 

@@ -95,20 +95,21 @@ def check_iterable(loader: Any, argument: str) -> None:
 
 
 def ready_loader(loader: Any, argument: str, training: bool, sampler_kwargs: Optional[dict[str, int]],
-                 use_distributed_sampler: bool, overfit: Number = 0) -> Any:  # fmt: skip
+                 use_distributed_sampler: bool, overfit: Number = 0, pin_memory: bool = False) -> Any:  # fmt: skip
     """Check ``loader`` and make it ready for this process (every loader of a ``CombinedLoader``): split across
-    ranks by a distributed sampler; for training with ``overfit_batches``, read in order."""
+    ranks by a distributed sampler; for training with ``overfit_batches``, read in order; on CUDA
+    (``pin_memory``) in page-locked memory."""
     from trainer.combined_loader import CombinedLoader
 
     if isinstance(loader, CombinedLoader):
         return loader.with_loaders([ready_loader(child, argument, training, sampler_kwargs, use_distributed_sampler,
-                                                 overfit) for child in loader.flattened])  # fmt: skip
+                                                 overfit, pin_memory) for child in loader.flattened])  # fmt: skip
     check_iterable(loader, argument)
     if training and overfit:
         from trainer.distributed_data import without_shuffle
 
         loader = without_shuffle(loader)
-    return prepare_loader(loader, sampler_kwargs, training, use_distributed_sampler)
+    return prepare_loader(loader, sampler_kwargs, training, use_distributed_sampler, pin_memory)
 
 
 def loader_length(loader: Any) -> float:
@@ -157,12 +158,16 @@ def limited_batches(loader: Any, limit: Optional[Number], name: str) -> float:
     return batches
 
 
-def prepare_loader(loader: Any, sampler_kwargs: Optional[dict[str, int]], training: bool, enabled: bool) -> Any:
+def prepare_loader(loader: Any, sampler_kwargs: Optional[dict[str, int]], training: bool, enabled: bool,
+                   pin_memory: bool = False) -> Any:  # fmt: skip
     """Return ``loader`` ready for this process: split across ranks when the strategy is distributed.
 
     With one process (``sampler_kwargs is None``) or ``use_distributed_sampler=False`` the loader is
-    returned untouched.
+    returned untouched, except that ``pin_memory=True`` (training on CUDA) turns on a DataLoader's
+    ``pin_memory``, so batches come in page-locked memory and copy to the GPU without blocking the host.
     """
+    if pin_memory and isinstance(loader, DataLoader) and not loader.pin_memory:
+        loader.pin_memory = True
     if not enabled or sampler_kwargs is None or not isinstance(loader, DataLoader):
         return loader
     from trainer.distributed_data import distribute_loader

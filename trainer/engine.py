@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from loggers.logger import Logger
 from strategies.checkpoint_io import atomic_save
+from strategies.compile import check_compile
 from strategies.connector import build_strategy
 from strategies.errors import ConfigurationError
 from strategies.strategy import Strategy
@@ -207,22 +208,27 @@ class Engine:
         return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
     # ------------------------------------------------------------------ preparing
-    def prepare(self, *objects: Any) -> Any:
+    def prepare(self, *objects: Any, compile: Union[bool, dict[str, Any], None] = None) -> Any:
         """Prepare modules, optimizers, dataloaders and LR schedulers; returns them in the order given (one
         object when one was given).
 
         Modules are converted for the precision, moved to the device and wrapped (e.g. DDP); dataloaders are
         split across ranks as the Trainer splits training data; optimizers and schedulers follow the
         accumulation window. Modules are set up before the optimizers whatever the order.
+
+        ``compile``: ``True`` or a dict of ``torch.compile`` options (``mode``, ``dynamic``, ``fullgraph``,
+        ``backend``, ``options``) compiles each module's forward after wrapping, as the Trainer's ``compile=``
+        does (:mod:`strategies.compile`): in place, so the returned object and its state-dict keys are unchanged.
         """
         if not objects:
             raise ConfigurationError("prepare() needs at least one module, optimizer, dataloader or LR scheduler.")
         self._require_ready("prepare()")
+        compile_options = check_compile(compile, "prepare(compile=...)")
         kinds = [self._kind(obj, index) for index, obj in enumerate(objects)]
         results = list(objects)
         for index, obj in enumerate(objects):
             if kinds[index] == "module":
-                results[index] = self._prepare_module(obj)
+                results[index] = self._prepare_module(obj, compile_options)
         for index, obj in enumerate(objects):
             if kinds[index] == "loader":
                 results[index] = self._prepare_loader(obj, training=True)
@@ -263,15 +269,18 @@ class Engine:
             "objects; use anything else as it is (move batches of another iterable with engine.to_device(batch))."
         )
 
-    def _prepare_module(self, module: nn.Module) -> nn.Module:
+    def _prepare_module(self, module: nn.Module, compile_options: Optional[dict[str, Any]] = None) -> nn.Module:
         runner = self.strategy.setup_module(module)
         module = self.strategy.module if self.strategy.module is not None else module
+        if compile_options is not None:
+            self.strategy.compile_module(module, compile_options)
         hooks = self._autocast.attach(module) if AutocastForward.needed(self.strategy.precision) else []
         self._modules.append((module, runner, hooks))
         return runner
 
     def _prepare_loader(self, loader: DataLoader, training: bool) -> EngineDataLoader:
-        split = prepare_loader(loader, self.strategy.distributed_sampler_kwargs, training, self.use_distributed_sampler)
+        split = prepare_loader(loader, self.strategy.distributed_sampler_kwargs, training, self.use_distributed_sampler,
+                               self.strategy.root_device.type == "cuda")  # fmt: skip
         prepared = EngineDataLoader(split, self.strategy, self._window if training else None, self._loader_state)
         self._loaders.append(prepared)
         return prepared

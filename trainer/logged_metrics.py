@@ -80,7 +80,8 @@ class LoggedValue:
         self._step_cache = None
         self._epoch_cache = None
         if isinstance(value, Tensor):
-            value = value.detach()
+            if value.requires_grad:  # no graph kept; a tensor without one is stored as it is (detach costs a tensor)
+                value = value.detach()
             self.last = value
             if not self.on_epoch:
                 return

@@ -127,6 +127,8 @@ class TrainModule(nn.Module):
         """Inference forward; ``predict_step`` calls it by default."""
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented.")
 
+    forward._not_implemented = True  # type: ignore[attr-defined]  # compile= refuses a module without its own forward
+
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         """Return a loss tensor, a dict with key ``"loss"``, or ``None`` to skip this batch's optimizer step."""
         raise NotImplementedError(f"{type(self).__name__} must implement training_step(batch, batch_idx).")
@@ -197,6 +199,11 @@ class TrainModule(nn.Module):
 
     def predict_dataloader(self) -> Any:
         """Prediction data, used when none is passed to ``predict``."""
+        return None
+
+    def tokens_in_batch(self, batch: Any) -> Optional[int]:
+        """Tokens a training batch holds, for ``ThroughputMonitor``'s tokens/s (``None``: not a token model).
+        E.g. ``return batch[0].numel()`` for ``(ids, targets)`` batches of shape (batch, context)."""
         return None
 
     # ------------------------------------------------------------------ hooks (no-ops)

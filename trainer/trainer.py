@@ -15,6 +15,8 @@ import torch
 from callbacks.callback import Callback
 from loggers.logger import Logger
 from strategies.connector import build_strategy
+from strategies.activation_checkpointing import apply_activation_checkpointing, check_block_classes
+from strategies.compile import check_compile
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_warn
 from strategies.strategy import Strategy
@@ -27,6 +29,7 @@ from trainer.datamodule import DataModule
 from trainer.distributed_data import balance_training_batches
 from trainer.faults import FaultMonitor
 from trainer.hooks import HookDispatcher, overrides
+from trainer.instrumentation import Instrumentation
 from trainer.launch_defaults import with_launch_defaults
 from trainer.logged_metrics import ResultCollection
 from trainer.metrics_connector import MetricsConnector, print_eval_results
@@ -37,6 +40,7 @@ from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module import TrainModule, configure_model_once
 from trainer.optimizers import SchedulerConfig, parse_optimizers
 from trainer.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
+from trainer.profiler import Profiler, build_profiler
 from trainer.seed import isolated_rng, seed_everything
 from trainer.spawned import run_spawned
 
@@ -99,6 +103,9 @@ class Trainer:
         seed: Optional[int] = None,
         on_nonfinite_loss: Optional[str] = None,
         stop_signals: Any = ("SIGTERM", "SIGINT"),
+        compile: Union[bool, dict[str, Any], None] = None,
+        activation_checkpointing: Union[str, type, list[Union[str, type]], None] = None,
+        profiler: Union[str, Profiler, None] = None,
     ) -> None:
         settings = validate_arguments(dict(
             max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps, min_steps=min_steps,
@@ -123,6 +130,9 @@ class Trainer:
         self.enable_autolog_hparams = bool(enable_autolog_hparams)
         self.inference_mode = bool(inference_mode)
         self.sync_batchnorm = bool(sync_batchnorm)
+        self.compile = check_compile(compile)
+        self.activation_checkpointing = check_block_classes(activation_checkpointing)
+        self.profiler: Optional[Profiler] = build_profiler(profiler)
         if seed is not None:
             seed_everything(seed)
         plugin_settings = sort_plugins(plugins, precision)
@@ -263,7 +273,7 @@ class Trainer:
             self._setup_fit_data(model, train_dataloaders, val_dataloaders, datamodule)
             if self.sync_batchnorm:
                 sync_batchnorm_layers(model, self.strategy)
-            self.strategy.setup_module(model)
+            self._setup_module(model)
             self._setup_optimizers(model)
             self.should_stop = False
             ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
@@ -300,7 +310,7 @@ class Trainer:
             limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
             limits = [data_utils.limited_batches(dl, limit, f"limit_{'val' if stage == 'validate' else 'test'}_batches")
                       for dl in loaders]  # fmt: skip
-            self.strategy.setup_module(model)
+            self._setup_module(model)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
             results = self._metrics.new_collection(stage)
@@ -315,7 +325,7 @@ class Trainer:
         with self._stage("predict", model, datamodule):
             loaders = self._eval_loaders(dataloaders, datamodule, model, "predict_dataloader", "predict(dataloaders=...)")
             limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
-            self.strategy.setup_module(model)
+            self._setup_module(model)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
             return PredictionLoop(self).run(loaders, limits, return_predictions)
@@ -331,6 +341,7 @@ class Trainer:
             self.datamodule = datamodule
             datamodule.trainer = self
         self._hooks = HookDispatcher(self._callbacks_with(model), model)
+        profiling = Instrumentation.attach(self, stage) if self.profiler is not None else None
         finished = False
         try:
             data_utils.prepare_data(self.strategy, model, datamodule)
@@ -352,6 +363,8 @@ class Trainer:
                 datamodule.teardown(stage)
             self._results = None
             self.state_stage = None
+            if profiling is not None:
+                profiling.detach(stage)
             if finished:  # after a failure a peer may be gone: leave the process group to the launcher
                 self.strategy.teardown()
 
@@ -404,8 +417,18 @@ class Trainer:
     def _prepare_loaders(self, loaders: list[Any], argument: str, training: bool) -> list[Any]:
         """Check each loader and split it across ranks (the training loader gets a shuffling sampler)."""
         sampler_kwargs = self.strategy.distributed_sampler_kwargs
+        pin = self.strategy.root_device.type == "cuda"
         return [data_utils.ready_loader(dl, argument, training, sampler_kwargs, self.use_distributed_sampler,
-                                        self.overfit_batches) for dl in loaders]  # fmt: skip
+                                        self.overfit_batches, pin) for dl in loaders]  # fmt: skip
+
+    def _setup_module(self, model: TrainModule) -> None:
+        """Activation checkpointing, the strategy's placing and wrapping, then ``compile`` where the wrapper needs it."""
+        if self.activation_checkpointing:
+            apply_activation_checkpointing(model, self.activation_checkpointing)
+        self.strategy.setup_module(model)
+        if self.compile is not None:
+            module = self.strategy.module if self.strategy.module is not None else model
+            self.strategy.compile_module(module, self.compile)
 
     def _setup_optimizers(self, model: TrainModule) -> None:
         optimizers, schedulers = parse_optimizers(model.configure_optimizers())

@@ -11,7 +11,7 @@ from callbacks.callback import Callback
 from callbacks.lr_scaling import record_hparam, scale_learning_rates
 from callbacks.trial_steps import TrialSteps
 from strategies.errors import ConfigurationError
-from trainer.combined_loader import training_batches
+from trainer.data.combined_loader import training_batches
 
 
 def suggest_lr(lrs: list[float], losses: list[float], skip_begin: int = 10, skip_end: int = 1) -> Optional[float]:

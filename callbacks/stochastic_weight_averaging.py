@@ -14,9 +14,9 @@ from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 from callbacks.callback import Callback
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_warn
-from trainer.combined_loader import training_batches
-from trainer.optimizers import SchedulerConfig
-from trainer.seed import isolated_rng
+from trainer.data.combined_loader import training_batches
+from trainer.loops.optimizers import SchedulerConfig
+from trainer.reproducibility.seed import isolated_rng
 
 
 def _positive_number(value: Any) -> bool:

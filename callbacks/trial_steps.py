@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from strategies.errors import ConfigurationError
-from trainer.step_signature import takes_batch_idx
+from trainer.loops.step_signature import takes_batch_idx
 
 
 def _cpu_copy(state: Any) -> Any:

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from strategies import ConfigurationError
-from trainer.accelerate_config import is_accelerate_config, translate_accelerate_config
+from trainer.config.accelerate_config import is_accelerate_config, translate_accelerate_config
 
 # What `accelerate config` writes for two machines with four GPUs each.
 MULTI_GPU = """
@@ -168,7 +168,7 @@ def test_trainer_run_takes_an_accelerate_file_for_its_launch_settings(tmp_path, 
     """The multi-machine file as `trainer run --config`: torchrun's static rendezvous on machine 1 of 2, four
     processes per machine, GPUs 0-3 only, and the Trainer arguments passed on through TRAINER_CONFIG."""
     from trainer.cli import main
-    from trainer.yaml_config import trainer_settings
+    from trainer.config.yaml_config import trainer_settings
 
     (tmp_path / "acc.yaml").write_text(MULTI_GPU.replace("gpu_ids: all", "gpu_ids: 0,1,2,3"))
     (tmp_path / "train.py").write_text("")

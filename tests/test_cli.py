@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainer.cli import main
-from trainer.yaml_config import load_config
+from trainer.config.yaml_config import load_config
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PYTHON_BIN = Path(sys.executable).parent

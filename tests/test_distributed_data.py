@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset, WeightedRandomSampler
 
 from strategies.errors import ConfigurationError
-from trainer.data import prepare_loader
-from trainer.distributed_data import EvaluationDistributedSampler, distribute_loader
+from trainer.data.loaders import prepare_loader
+from trainer.data.distributed import EvaluationDistributedSampler, distribute_loader
 
 
 def dataset(n: int) -> TensorDataset:

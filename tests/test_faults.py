@@ -14,7 +14,7 @@ import torch
 from callbacks import Callback, ModelCheckpoint
 from ckpt_support import TinyRegressor, loaders, make_trainer, same_weights
 from strategies.errors import ConfigurationError
-from trainer.nonfinite import NonFiniteLossError
+from trainer.faults.nonfinite import NonFiniteLossError
 
 
 class SignalAt(TinyRegressor):

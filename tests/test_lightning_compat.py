@@ -592,7 +592,7 @@ def test_plugins_route_precision_checkpoint_io_and_cluster_environment(tmp_path)
 
 def test_sync_batchnorm_converts_the_layers_a_distributed_strategy_wraps():
     from strategies.ddp import DDPStrategy
-    from trainer.plugins import sync_batchnorm_layers
+    from trainer.config.plugins import sync_batchnorm_layers
 
     module = Utilities()
     sync_batchnorm_layers(module, DDPStrategy())

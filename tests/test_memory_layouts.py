@@ -25,7 +25,7 @@ from strategies.pipeline_stages import auto_boundaries, parameter_stages
 from strategies.tp_plan import megatron_plan, resolve_tp_plan, tp_shard_dims
 from test_ddp_processes import RUN_TIMEOUT_S, clean_env
 from strategies.mesh import MeshLayout, resolve_layout
-from trainer.memory import estimate, estimate_layout
+from trainer.memory.planner import estimate, estimate_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "scripts"

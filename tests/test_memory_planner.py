@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from strategies import ConfigurationError
-from trainer.memory import estimate, report
+from trainer.memory.planner import estimate, report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from strategies import ConfigurationError, ModelParallelStrategy
 from strategies.device_map import plan_device_map, resolve_device_map, tensor_devices
 from tests.helpers import quiet_trainer, regression_data
 from trainer import TrainModule
-from trainer.memory import estimate
+from trainer.memory.planner import estimate
 
 
 class Seq2Seq(TrainModule):

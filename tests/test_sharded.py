@@ -109,7 +109,7 @@ def test_zero1_gives_every_rank_an_even_share_of_the_optimizer_state(ranks):
 
 
 def test_memory_planner_equals_zero1_shares_on_the_wide_model(ranks):
-    from trainer.memory import estimate
+    from trainer.memory.planner import estimate
 
     plan = estimate(sharded_train.WideMLP(), strategy="zero1", world_size=2, optimizer="adam")
     for planned, rank in zip(plan.devices, ranks):
@@ -120,7 +120,7 @@ def test_memory_planner_equals_zero1_shares_on_the_wide_model(ranks):
 
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_memory_planner_equals_the_bytes_each_rank_holds(ranks, name):
-    from trainer.memory import estimate
+    from trainer.memory.planner import estimate
 
     plan = estimate(sharded_train.Net(), strategy=name, world_size=2, optimizer="adam", auto_wrap_policy={nn.Linear})
     for rank_index, rank in enumerate(ranks):

@@ -12,7 +12,7 @@ from helpers import Regressor, loader, quiet_trainer
 from callbacks import Callback
 from strategies.environments import SLURMEnvironment
 from strategies.errors import ConfigurationError
-from trainer import slurm_requeue
+from trainer.faults import slurm_requeue
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from strategies import ConfigurationError
 from strategies.activation_checkpointing import SavedTensorBytes, apply_activation_checkpointing
 from test_ddp_processes import Job, clean_env
 from trainer import Engine, TrainModule
-from trainer.profiler import PyTorchProfiler, SimpleProfiler
+from trainer.profiler.profilers import PyTorchProfiler, SimpleProfiler
 
 ROOT = Path(__file__).resolve().parents[1]
 AOT = {"backend": "aot_eager"}

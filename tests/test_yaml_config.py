@@ -8,7 +8,7 @@ import pytest
 
 from strategies.errors import ConfigurationError
 from trainer import Trainer
-from trainer.yaml_config import ENV_ARGS, ENV_CONFIG, load_config
+from trainer.config.yaml_config import ENV_ARGS, ENV_CONFIG, load_config
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False)
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_only, rank_zero_warn
-from trainer.combined_loader import CombinedLoader
-from trainer.datamodule import DataModule
-from trainer.module import TrainModule
-from trainer.seed import seed_everything
+from trainer.data.combined_loader import CombinedLoader
+from trainer.module.datamodule import DataModule
+from trainer.module.train_module import TrainModule
+from trainer.reproducibility.seed import seed_everything
 from trainer.trainer import Trainer
 from trainer.trainer_cli import TrainerCLI
 
@@ -33,7 +33,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "Engine":
-        from trainer.engine import Engine
+        from trainer.engine.engine import Engine
 
         return Engine
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")

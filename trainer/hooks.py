@@ -10,19 +10,12 @@ import functools
 from typing import Any, Callable, Iterable, Optional
 
 from callbacks.callback import CALLBACK_HOOKS, Callback
-from trainer.module import TrainModule
+from trainer.module.overrides import overrides
+from trainer.module.train_module import TrainModule
 
 _MODULE_FIRST = frozenset(h for h in CALLBACK_HOOKS if h.endswith("_end")) | {"teardown"}
 # Module hooks whose TrainModule signature differs from the callback's by more than (trainer, module).
 _MODULE_HOOKS = frozenset(h for h in CALLBACK_HOOKS if h not in ("on_sanity_check_start", "on_sanity_check_end", "on_exception"))
-
-
-def overrides(obj: Any, base: type, name: str) -> bool:
-    """True when ``type(obj)`` (or the instance itself) defines ``name`` differently from ``base``."""
-    if name in getattr(obj, "__dict__", {}):
-        return True
-    impl = getattr(type(obj), name, None)
-    return impl is not None and impl is not getattr(base, name, None)
 
 
 class HookDispatcher:

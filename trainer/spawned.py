@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from trainer.module import TrainModule
+from trainer.module.train_module import TrainModule
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.trainer import Trainer

@@ -1,13 +1,12 @@
 """``Trainer``: turns arguments into objects and runs fit/validate/test/predict.
 
 The loops live in :mod:`trainer.loops` (hook order in :mod:`trainer.loops.fit_loop`); devices, wrapping,
-precision and collectives live in the Strategy; checkpoint contents in :mod:`trainer.checkpointing`.
+precision and collectives live in the Strategy; checkpoint contents in :mod:`trainer.checkpoint.connector`.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
@@ -20,28 +19,30 @@ from strategies.compile import check_compile
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_warn
 from strategies.strategy import Strategy
-from trainer import data as data_utils
-from trainer import auto_resume, slurm_requeue
-from trainer.arguments import (barebones_defaults, build_callbacks, build_loggers, checkpoints_last, set_benchmark,
+from trainer.data import loaders as data_utils
+from trainer.checkpoint import auto_resume
+from trainer.faults import slurm_requeue
+from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, checkpoints_last, set_benchmark,
                                set_deterministic, validate_arguments, with_max_time)
-from trainer.checkpointing import CheckpointConnector
-from trainer.datamodule import DataModule
-from trainer.distributed_data import balance_training_batches
-from trainer.faults import FaultMonitor
-from trainer.hooks import HookDispatcher, overrides
-from trainer.instrumentation import Instrumentation
-from trainer.launch_defaults import with_launch_defaults
-from trainer.logged_metrics import ResultCollection
-from trainer.metrics_connector import MetricsConnector, print_eval_results
+from trainer.checkpoint.connector import CheckpointConnector
+from trainer.module.datamodule import DataModule
+from trainer.data.distributed import balance_training_batches
+from trainer.faults.monitor import FaultMonitor
+from trainer.hooks import HookDispatcher
+from trainer.module.overrides import overrides
+from trainer.profiler.instrumentation import Instrumentation
+from trainer.config.launch_defaults import with_launch_defaults
+from trainer.metrics.logged_metrics import ResultCollection
+from trainer.metrics.connector import MetricsConnector, print_eval_results
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
 from trainer.loops.fit_loop import FitLoop
 from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
-from trainer.module import TrainModule, configure_model_once
-from trainer.optimizers import SchedulerConfig, parse_optimizers
-from trainer.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
-from trainer.profiler import Profiler, build_profiler
-from trainer.seed import isolated_rng, seed_everything
+from trainer.module.train_module import TrainModule, configure_model_once
+from trainer.loops.optimizers import SchedulerConfig, parse_optimizers
+from trainer.config.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
+from trainer.profiler.profilers import Profiler, build_profiler
+from trainer.reproducibility.seed import isolated_rng, seed_everything
 from trainer.spawned import run_spawned
 
 
@@ -52,10 +53,10 @@ class Trainer:
     Every argument is validated here, with an error naming the argument and what would be valid.
     Under ``trainer run``/``trainer slurm`` the launcher's settings fill the arguments the script leaves out.
 
-    Faults during fit (:mod:`trainer.faults`): ``stop_signals`` finish the current optimizer step, save
+    Faults during fit (:mod:`trainer.faults.monitor`): ``stop_signals`` finish the current optimizer step, save
     ``interrupted.ckpt`` and exit (SIGINT: raise ``KeyboardInterrupt``); ``on_nonfinite_loss`` is "stop" (the
     default; "ignore" under 16-mixed, whose scaler skips such steps), "skip", "raise" or "ignore". Under SLURM,
-    SIGUSR1 also saves, requeues the job and exits; the requeued job resumes (:mod:`trainer.slurm_requeue`).
+    SIGUSR1 also saves, requeues the job and exits; the requeued job resumes (:mod:`trainer.faults.slurm_requeue`).
     """
 
     @with_launch_defaults
@@ -178,12 +179,12 @@ class Trainer:
 
     @classmethod
     def from_config(cls, config: Union[str, os.PathLike, dict[str, Any], None] = None, **defaults: Any) -> "Trainer":
-        """Build a Trainer from an experiment file's ``trainer:`` section (see :mod:`trainer.yaml_config`).
+        """Build a Trainer from an experiment file's ``trainer:`` section (see :mod:`trainer.config.yaml_config`).
 
         ``config=None`` takes the file given to ``trainer run --config``; ``defaults`` are overridden by the
         file, which is overridden by ``--trainer.*`` arguments. Unknown keys are errors listing the valid ones.
         """
-        from trainer.yaml_config import build_from_config
+        from trainer.config.yaml_config import build_from_config
 
         return build_from_config(cls, config, defaults)
 

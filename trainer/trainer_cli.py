@@ -11,7 +11,7 @@ python train.py test --config config.yaml --ckpt_path=best
 python train.py fit --print_config > config.yaml      # every setting with its default
 ```
 
-The config is the experiment file of :mod:`trainer.yaml_config` (its ``trainer:``/``model:``/``data:`` sections and
+The config is the experiment file of :mod:`trainer.config.yaml_config` (its ``trainer:``/``model:``/``data:`` sections and
 launch settings; ``trainer run --config`` reads the same file) plus the CLI's own keys: ``seed_everything``, the
 subcommand's arguments (``ckpt_path``, ``verbose``, ``return_predictions``), and ``optimizer``/``lr_scheduler``
 (``class_path`` entries that replace ``configure_optimizers``). Later ``--config`` files and arguments override
@@ -19,7 +19,7 @@ earlier ones, in command-line order. Values are read as YAML (``3``, ``0.1``, ``
 against the parameter's type hint; unknown keys are errors naming the closest valid key. ``fit`` saves the full
 config as ``config.yaml`` in the run's log folder (``save_config_kwargs={"overwrite": True}`` to replace one).
 
-Built on :mod:`trainer.yaml_config` rather than jsonargparse: one file format for the CLI, ``Trainer.from_config``
+Built on :mod:`trainer.config.yaml_config` rather than jsonargparse: one file format for the CLI, ``Trainer.from_config``
 and ``trainer run``, and no dependency; jsonargparse-only features (``parser.link_arguments``, ``--*.help``, append
 syntax ``+=``) are not offered.
 """
@@ -336,7 +336,7 @@ class TrainerCLI:
                 i += 1
             i += 1
             if name == "config":
-                from trainer.yaml_config import read_yaml
+                from trainer.config.yaml_config import read_yaml
 
                 data = read_yaml(value)
                 if data is None:
@@ -350,12 +350,12 @@ class TrainerCLI:
         return subcommand, config, print_config
 
     def _valid_top_level(self, config: dict[str, Any]) -> list[str]:
-        from trainer.yaml_config import LAUNCH_KEYS
+        from trainer.config.yaml_config import LAUNCH_KEYS
 
         return [*config, *(k for k in _SECTIONS if k not in config), *_OPTIMIZER_KEYS, *LAUNCH_KEYS]
 
     def _apply_file(self, config: dict[str, Any], data: dict[str, Any], source: str) -> None:
-        from trainer.yaml_config import LAUNCH_KEYS, SHARED_WITH_TRAINER, check_keys, check_launch_value
+        from trainer.config.yaml_config import LAUNCH_KEYS, SHARED_WITH_TRAINER, check_keys, check_launch_value
 
         check_keys(data, self._valid_top_level(config), source, hint="Trainer arguments go under 'trainer:'.")
         for key in list(data):
@@ -371,7 +371,7 @@ class TrainerCLI:
         _merge(config, data)
 
     def _apply_argument(self, config: dict[str, Any], name: str, text: str) -> None:
-        from trainer.yaml_config import check_keys, parse_value
+        from trainer.config.yaml_config import check_keys, parse_value
 
         top = name.split(".")[0]
         check_keys({top: None}, self._valid_top_level(config), f"--{name}")
@@ -387,7 +387,7 @@ class TrainerCLI:
 
     def _check(self, config: dict[str, Any]) -> None:
         """Unknown keys and values that do not fit the parameters' type hints are errors."""
-        from trainer.yaml_config import check_keys
+        from trainer.config.yaml_config import check_keys
 
         for section, cls in (("trainer", self.trainer_class), ("model", self.model_class), ("data", self.datamodule_class)):
             settings = config.get(section)
@@ -420,8 +420,8 @@ class TrainerCLI:
 
     # ------------------------------------------------------------------ building and running
     def _instantiate(self) -> None:
-        from trainer.seed import seed_everything
-        from trainer.yaml_config import instantiate
+        from trainer.reproducibility.seed import seed_everything
+        from trainer.config.yaml_config import instantiate
 
         config = self.config
         seed = config.get("seed_everything")
@@ -448,7 +448,7 @@ class TrainerCLI:
         self.trainer = self.trainer_class(**trainer_kwargs)
 
     def _build(self, section: str, cls: Optional[type]) -> Any:
-        from trainer.yaml_config import instantiate
+        from trainer.config.yaml_config import instantiate
 
         settings = self.config.get(section)
         if section in self.subclass_sections:

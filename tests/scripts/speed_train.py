@@ -23,7 +23,7 @@ from callbacks import Callback, ThroughputMonitor  # noqa: E402
 from strategies import DDPStrategy, FSDPStrategy  # noqa: E402
 from helpers import Regressor  # noqa: E402
 from trainer import Trainer  # noqa: E402
-from trainer.profiler import PyTorchProfiler  # noqa: E402
+from trainer.profiler.profilers import PyTorchProfiler  # noqa: E402
 
 N_TRAIN, BATCH, EPOCHS, WIDTH = 26, 4, 3, 128
 HANG_DUMP_S = 200

@@ -13,23 +13,21 @@ taken; when every candidate is damaged the fit stops with a ``CheckpointError`` 
 
 A restarted job resumes without being told: when ``fit()`` gets no ``ckpt_path`` and torchrun's elastic agent
 restarted the workers (``TORCHELASTIC_RESTART_COUNT`` > 0, ``trainer run --max-restarts N``) or SLURM requeued
-the job (``SLURM_RESTART_COUNT`` > 0, :mod:`trainer.slurm_requeue`), ``fit()`` behaves as with
+the job (``SLURM_RESTART_COUNT`` > 0, :mod:`trainer.faults.slurm_requeue`), ``fit()`` behaves as with
 ``ckpt_path="auto"``. A ``ckpt_path`` given explicitly always wins.
 """
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
 
 AUTO = "auto"
 
 
-def restart_reason(trainer: "Trainer") -> Optional[str]:
+def restart_reason(trainer: Any) -> Optional[str]:
     """Why this job is a restart ("requeued SLURM job (restart 1)", ...), or ``None`` on a first run."""
-    from trainer.slurm_requeue import slurm_environment
+    from trainer.faults.slurm_requeue import slurm_environment
 
     env = slurm_environment(trainer)
     if env is not None and env.restart_count() > 0:
@@ -40,14 +38,14 @@ def restart_reason(trainer: "Trainer") -> Optional[str]:
     return None
 
 
-def fit_ckpt_path(trainer: "Trainer", ckpt_path: Any) -> Any:
+def fit_ckpt_path(trainer: Any, ckpt_path: Any) -> Any:
     """The ``ckpt_path`` a fit uses: the one given, else ``"auto"`` in a restarted job."""
     if ckpt_path is None and restart_reason(trainer) is not None:
         return AUTO
     return ckpt_path
 
 
-def announce(trainer: "Trainer", path: Optional[str], folders: list[str]) -> None:
+def announce(trainer: Any, path: Optional[str], folders: list[str]) -> None:
     """Say on global rank 0 what ``"auto"`` chose (printed: it is what a restarted job's log must show)."""
     if not trainer.is_global_zero:
         return

@@ -3,7 +3,7 @@
 A checkpoint is a plain dict of tensors and Python values (loadable with ``torch.load(weights_only=True)``):
 ``format_version``, ``state_dict``, ``optimizer_states``, ``lr_schedulers``, ``precision``, ``epoch``,
 ``global_step``, ``loops`` (progress counters and ``should_stop``), ``rng`` (every global RNG at the save),
-``train_sampler`` (the random state the epoch's shuffle was drawn from, see :mod:`trainer.data_position`),
+``train_sampler`` (the random state the epoch's shuffle was drawn from, see :mod:`trainer.checkpoint.data_position`),
 ``accumulated_grads`` (only when saved inside an accumulation window), ``callbacks``, ``hyper_parameters``,
 ``datamodule``. Files are written atomically and read safely through :mod:`strategies.checkpoint_io`.
 The strategy chooses the format: sharded strategies write folders (:mod:`strategies.sharded_checkpoint`) whose
@@ -11,7 +11,7 @@ The strategy chooses the format: sharded strategies write folders (:mod:`strateg
 
 Saving asynchronously (``save(path, asynchronous=True)``) hands the write to a :class:`BackgroundWriter`
 (:mod:`strategies.async_checkpoint`); which checkpoint ``"last"``/``"auto"`` resume from is
-:mod:`trainer.auto_resume`'s policy, found by :mod:`trainer.checkpoint_lookup`.
+:mod:`trainer.checkpoint.auto_resume`'s policy, found by :mod:`trainer.checkpoint.lookup`.
 
 Exact resume: the restored fit puts the saved RNG back just before its first epoch starts; mid-epoch, the
 training iterator is positioned first (the sampler redraws the epoch's order from ``train_sampler`` and
@@ -19,95 +19,34 @@ skips the finished batches without loading them) and the saved RNG is put back a
 """
 from __future__ import annotations
 
-import inspect
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
-import torch
 
 from strategies import storage
 from strategies.checkpoint_io import CheckpointError, safe_load, verify_once
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_warn
-from trainer import auto_resume, checkpoint_lookup
-from trainer.data_position import TrainDataPosition
-from trainer.seed import capture_rng_state, restore_rng_state
-
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+from trainer.checkpoint import auto_resume
+from trainer.checkpoint import lookup as checkpoint_lookup
+from trainer.checkpoint.data_position import TrainDataPosition
+from trainer.module.saving import check_state_dict
+from trainer.reproducibility.seed import capture_rng_state, restore_rng_state
 
 FORMAT_VERSION = 1
 _VERSION_FOLDER = re.compile(r"version_\d+")
-
-
-def check_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], path: Any, strict: bool = True) -> None:
-    """Load ``state_dict`` into ``module``; on a mismatch list the missing/unexpected keys, not a traceback."""
-    expected = set(module.state_dict().keys())
-    found = set(state_dict.keys())
-    missing, unexpected = sorted(expected - found), sorted(found - expected)
-    if strict and (missing or unexpected):
-        raise CheckpointError(
-            f"Checkpoint '{path}' does not match {type(module).__name__}: "
-            f"missing keys {_short(missing)}, unexpected keys {_short(unexpected)}. Is it from a different model? "
-            "Pass strict=False to load the matching part."
-        )
-    try:
-        module.load_state_dict(state_dict, strict=strict)
-    except RuntimeError as err:
-        raise CheckpointError(f"Checkpoint '{path}' does not fit {type(module).__name__}: {err}") from None
-
-
-def _short(keys: list[str], limit: int = 10) -> str:
-    if not keys:
-        return "[]"
-    shown = ", ".join(keys[:limit])
-    return f"[{shown}{', ... (%d more)' % (len(keys) - limit) if len(keys) > limit else ''}]"
-
-
-def load_module_from_checkpoint(
-    cls: type["TrainModule"], path: Union[str, os.PathLike], map_location: Any, strict: bool, overrides: dict[str, Any]
-) -> "TrainModule":
-    """Rebuild ``cls`` from the checkpoint's ``hyper_parameters`` (``overrides`` win) and load its weights."""
-    checkpoint = safe_load(path, map_location=map_location or "cpu")
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise CheckpointError(f"'{path}' is not a trainer checkpoint (no 'state_dict' entry).")
-    hparams = dict(checkpoint.get("hyper_parameters") or {})
-    accepted = _init_argument_names(cls)
-    if accepted is not None:  # e.g. a base class's save_hyperparameters() recorded arguments this class does not take
-        hparams = {name: value for name, value in hparams.items() if name in accepted}
-    hparams.update(overrides)
-    try:
-        module = cls(**hparams)
-    except TypeError as err:
-        raise ConfigurationError(
-            f"{cls.__name__}.load_from_checkpoint: could not rebuild the module from the saved hyperparameters "
-            f"{sorted(hparams)}: {err}. Pass missing arguments as overrides: "
-            f"{cls.__name__}.load_from_checkpoint(path, name=value)."
-        ) from None
-    check_state_dict(module, checkpoint["state_dict"], path, strict)
-    module.on_load_checkpoint(checkpoint)
-    return module
 
 
 class NoCheckpointYet(FileNotFoundError):
     """``ckpt_path="last"`` found no checkpoint in the run's folders."""
 
 
-def _init_argument_names(cls: type) -> Optional[set[str]]:
-    """The keyword arguments ``cls(...)`` takes, or None when its ``__init__`` takes ``**kwargs``."""
-    parameters = inspect.signature(cls.__init__).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return None
-    return {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
-
-
 class CheckpointConnector:
     """Builds checkpoint dicts from a Trainer's state and restores a Trainer from them."""
 
-    def __init__(self, trainer: "Trainer") -> None:
+    def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.data_position = TrainDataPosition()
         self.last_saved_path: Optional[str] = None  # the newest full checkpoint this Trainer wrote or resumed from
@@ -217,7 +156,7 @@ class CheckpointConnector:
 
     # ------------------------------------------------------------------ locating
     def resolve(self, ckpt_path: Union[str, os.PathLike]) -> str:
-        """Turn ``"last"``/``"auto"`` (the newest good checkpoint, see :mod:`trainer.auto_resume`), ``"best"`` or a
+        """Turn ``"last"``/``"auto"`` (the newest good checkpoint, see :mod:`trainer.checkpoint.auto_resume`), ``"best"`` or a
         path into an existing checkpoint, or raise saying where it looked."""
         trainer = self.trainer
         if ckpt_path == "best":
@@ -302,7 +241,7 @@ class CheckpointConnector:
     # ------------------------------------------------------------------ restoring
     def load(self, ckpt_path: Union[str, os.PathLike]) -> Optional[tuple[Path, dict[str, Any]]]:
         """Resolve, check and read a checkpoint (safely); check its format. Global rank 0 resolves and checks it
-        (:mod:`trainer.checkpoint_lookup`); every rank loads what it chose.
+        (:mod:`trainer.checkpoint.lookup`); every rank loads what it chose.
 
         ``None`` for ``"last"``/``"auto"`` before any checkpoint exists (``"last"`` warns), so that always passing
         ``ckpt_path="last"`` starts fresh on the first run and resumes on the next, as in Lightning."""

@@ -12,7 +12,7 @@ Anything else (an ``IterableDataset``, a plain iterable of batches) cannot be po
 rebuilt from the random state captured before the epoch's ``iter()`` and the finished batches are read
 again and dropped.
 
-A :class:`~trainer.combined_loader.CombinedLoader` is positioned loader by loader: each has its own position
+A :class:`~trainer.data.combined_loader.CombinedLoader` is positioned loader by loader: each has its own position
 (the random state of its current pass and how many batches that pass gave), so every loader, including one that
 started over in ``max_size_cycle`` mode, continues at its exact batch.
 """
@@ -26,8 +26,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from strategies.rank import rank_zero_warn
-from trainer.combined_loader import CombinedIterator, CombinedLoader
-from trainer.seed import capture_rng_state, restore_rng_state
+from trainer.data.combined_loader import CombinedIterator, CombinedLoader
+from trainer.reproducibility.seed import capture_rng_state, restore_rng_state
 
 
 def set_sampler_epoch(loader: Any, epoch: int) -> None:

@@ -1,4 +1,4 @@
-"""Finding the newest good checkpoint of a run (``ckpt_path="last"``/``"auto"``; policy in :mod:`trainer.auto_resume`).
+"""Finding the newest good checkpoint of a run (``ckpt_path="last"``/``"auto"``; policy in :mod:`trainer.checkpoint.auto_resume`).
 
 Candidates are the ``*.ckpt`` files and sharded folders in the run's checkpoint folders, local or fsspec URLs
 (:mod:`strategies.storage`), newest first. Each is checked against what it recorded when it was written

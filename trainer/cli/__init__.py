@@ -49,7 +49,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     args.passthrough = passthrough
     try:
-        from trainer.yaml_config import parse_trainer_args
+        from trainer.config.yaml_config import parse_trainer_args
 
         args.trainer_args = parse_trainer_args(tokens)
         return int(args.handler(args) or 0)

@@ -5,7 +5,7 @@ import argparse
 from typing import Any, Mapping, Optional
 
 from strategies.errors import ConfigurationError
-from trainer.yaml_config import ExperimentConfig, check_launch_value, launch_environment, load_config
+from trainer.config.yaml_config import ExperimentConfig, check_launch_value, launch_environment, load_config
 
 
 def command_parser(

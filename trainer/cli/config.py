@@ -14,7 +14,7 @@ from strategies.errors import ConfigurationError
 from strategies.precision import precision_plugin
 from strategies.registry import strategy_names
 from trainer.cli.common import command_parser, non_negative_int, parse_env, port, positive_int, value_options
-from trainer.yaml_config import ExperimentConfig, check_launch_value, dump_config, parse_value, split_trainer_args
+from trainer.config.yaml_config import ExperimentConfig, check_launch_value, dump_config, parse_value, split_trainer_args
 
 HEADER = "# Written by `trainer config`. Use it with: trainer run --config {path} train.py\n"
 

@@ -5,7 +5,7 @@
 
 The class is built with no arguments on the ``meta`` device (no memory, no weights), so a model far larger
 than this machine is planned in seconds; its ``example_input_array``, if set, gives the activations (one
-micro-batch of one data-parallel rank). The figures come from :mod:`trainer.memory`.
+micro-batch of one data-parallel rank). The figures come from :mod:`trainer.memory.planner`.
 
 Without layout flags it compares the strategies (``model_parallel`` means WORLD_SIZE devices in one
 process). With any of ``--dp-replicate``, ``--dp-shard``, ``--tp``, ``--pp`` (each a size or a comma list of
@@ -29,7 +29,7 @@ from torch import nn
 
 from strategies.errors import ConfigurationError
 from trainer.cli.common import command_parser, positive_int
-from trainer.memory import SCHEDULES, STRATEGIES, layout_report, layouts_for, report
+from trainer.memory.planner import SCHEDULES, STRATEGIES, layout_report, layouts_for, report
 
 _LAYOUT_FLAGS = ("dp_replicate", "dp_shard", "tp", "pp")
 

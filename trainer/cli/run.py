@@ -17,7 +17,7 @@ from strategies.errors import ConfigurationError
 from trainer.cli.common import (
     command_parser, job_variables, merged_config, non_negative_int, port, positive_int, value_options,
 )
-from trainer.yaml_config import ExperimentConfig, split_trainer_args
+from trainer.config.yaml_config import ExperimentConfig, split_trainer_args
 
 DEFAULT_PORT = 29500
 FLAGS = ("devices", "num_nodes", "node_rank", "main_address", "main_port", "max_restarts")

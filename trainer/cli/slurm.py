@@ -21,7 +21,7 @@ from typing import Any
 
 from strategies.errors import ConfigurationError
 from trainer.cli.common import command_parser, job_variables, merged_config, parse_env, positive_int, value_options
-from trainer.yaml_config import ExperimentConfig, split_trainer_args
+from trainer.config.yaml_config import ExperimentConfig, split_trainer_args
 
 # minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch --time)
 _TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")

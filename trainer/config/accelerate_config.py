@@ -3,7 +3,7 @@
 :func:`translate_accelerate_config` maps every key to a launch setting (``num_nodes``, ``devices``,
 ``node_rank``, ``main_address``, ``main_port``, ``env``) or a Trainer/Engine argument (``accelerator``,
 ``strategy``, ``precision``, ``accumulate_grad_batches``) and returns a dict in the experiment-file format
-(``trainer/yaml_config.py``), so ``trainer run --config accelerate.yaml`` launches what ``accelerate launch``
+(``trainer/config/yaml_config.py``), so ``trainer run --config accelerate.yaml`` launches what ``accelerate launch``
 would. Every key ``accelerate config`` writes is read: the ones that change nothing about this launch (TPU settings,
 ``same_network``, which only steers Accelerate's own rendezvous questions) are accepted, the others honoured; a
 value this framework cannot honour is a :class:`ConfigurationError` naming the key and what to do instead; keys
@@ -240,19 +240,13 @@ def _deepspeed(read: _Reader, section: Mapping[str, Any], machines: int) -> dict
 
 
 def _dynamo(read: _Reader, data: Mapping[str, Any]) -> Any:
-    """``dynamo_config`` (or the older ``dynamo_backend``) → ``compile`` options, where the Trainer takes them."""
+    """``dynamo_config`` (or the older ``dynamo_backend``) → the Trainer's ``compile`` options."""
     section = dict(data.get("dynamo_config") or {})
     if data.get("dynamo_backend") not in (None, "NO", "no"):
         section.setdefault("dynamo_backend", data["dynamo_backend"])
     backend = str(section.get("dynamo_backend", "NO")).lower()
     if backend == "no":
         return None
-    from trainer.yaml_config import trainer_parameter_names
-
-    if "compile" not in trainer_parameter_names():
-        key = "dynamo_config" if "dynamo_config" in data else "dynamo_backend"
-        raise read.fail(key, f"{backend.upper()!r} cannot be honoured here (this Trainer has no compile argument); "
-                             "remove the key.")  # fmt: skip
     options: dict[str, Any] = {"backend": backend}
     for key, option in (("dynamo_mode", "mode"), ("dynamo_use_fullgraph", "fullgraph"), ("dynamo_use_dynamic", "dynamic")):
         if section.get(key) is not None:

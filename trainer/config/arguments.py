@@ -16,7 +16,7 @@ from loggers.logger import Logger
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info
 from strategies.storage import is_remote
-from trainer.data import validate_limit
+from trainer.data.loaders import validate_limit
 
 
 def _is_int(value: Any) -> bool:

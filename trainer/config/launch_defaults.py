@@ -1,7 +1,7 @@
 """Trainer defaults from the launcher: a process started by ``trainer run``/``trainer slurm`` finds the
 experiment file in ``TRAINER_CONFIG`` and the launcher's flags (JSON) in ``TRAINER_ARGS``.
 
-Kept apart from :mod:`trainer.yaml_config` so that a plain ``import trainer`` pays one decorator and,
+Kept apart from :mod:`trainer.config.yaml_config` so that a plain ``import trainer`` pays one decorator and,
 per Trainer, one environment look-up; the YAML machinery is imported only inside a launched process.
 """
 from __future__ import annotations
@@ -18,6 +18,9 @@ ENV_CONFIG = "TRAINER_CONFIG"
 ENV_ARGS = "TRAINER_ARGS"
 
 _state = threading.local()
+#: The arguments of each class whose ``__init__`` is decorated (``"Trainer"``, ``"Engine"``), recorded when the class
+#: is defined: the experiment-file checks read the Trainer's names here instead of importing the Trainer.
+decorated_parameters: dict[str, tuple[str, ...]] = {}
 
 
 @contextlib.contextmanager
@@ -37,11 +40,12 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
     said otherwise. Settings the decorated class does not take (an Engine has no ``max_epochs``) are left out."""
     signature = inspect.signature(init)
     accepted = set(signature.parameters)
+    decorated_parameters[init.__qualname__.partition(".")[0]] = tuple(name for name in signature.parameters if name != "self")
 
     @functools.wraps(init)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
         if (ENV_CONFIG in os.environ or ENV_ARGS in os.environ) and not getattr(_state, "resolved", False):
-            from trainer.yaml_config import instantiate, trainer_settings
+            from trainer.config.yaml_config import instantiate, trainer_settings
 
             explicit = signature.bind_partial(self, *args, **kwargs).arguments
             for key, value in trainer_settings(os.environ.get(ENV_CONFIG)).items():

@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import importlib
-import inspect
 import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from strategies.errors import ConfigurationError
-from trainer.accelerate_config import is_accelerate_config, translate_accelerate_config
-from trainer.launch_defaults import ENV_ARGS, ENV_CONFIG, resolved_arguments
+from trainer.config.accelerate_config import is_accelerate_config, translate_accelerate_config
+from trainer.config.launch_defaults import ENV_ARGS, ENV_CONFIG, decorated_parameters, resolved_arguments
 SECTIONS = ("trainer", "model", "data")
 #: Launch settings that are also Trainer arguments (same meaning in both places).
 SHARED_WITH_TRAINER = ("devices", "num_nodes")
@@ -103,7 +101,7 @@ def read_yaml(path: Union[str, os.PathLike]) -> Any:
 def load_config(config: Union[str, os.PathLike, Mapping[str, Any], None]) -> ExperimentConfig:
     """Read and validate an experiment file (or an already-parsed mapping); ``None`` gives the defaults.
 
-    A file written by ``accelerate config`` is translated first (:mod:`trainer.accelerate_config`).
+    A file written by ``accelerate config`` is translated first (:mod:`trainer.config.accelerate_config`).
     """
     if config is None:
         return ExperimentConfig()
@@ -177,12 +175,10 @@ def check_keys(data: Mapping[str, Any], valid: Any, where: str, hint: str = "") 
             )
 
 
-@functools.lru_cache(maxsize=None)
 def trainer_parameter_names() -> tuple[str, ...]:
-    """The names ``Trainer(...)`` accepts, read from its signature."""
-    from trainer.trainer import Trainer
-
-    return tuple(name for name in inspect.signature(Trainer.__init__).parameters if name != "self")
+    """The names ``Trainer(...)`` accepts, read from its signature (recorded by :func:`with_launch_defaults`, which
+    decorates ``Trainer.__init__``; importing the ``trainer`` package defines the Trainer before any of this runs)."""
+    return decorated_parameters["Trainer"]
 
 
 # ---------------------------------------------------------------------------------------------- command line

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from trainer.hooks import overrides
-from trainer.module import TrainModule
+from trainer.module.overrides import overrides
+from trainer.module.train_module import TrainModule
 
 
 def batch_mover(trainer: Any, dataloader_idx: int = 0) -> Callable[[Any], Any]:

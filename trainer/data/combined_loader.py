@@ -16,7 +16,7 @@ mode                 one step gets                                              
 Iterating a ``CombinedLoader`` yourself yields ``(batch, batch_idx, dataloader_idx)`` as Lightning's does
 (``dataloader_idx`` is 0 except in ``sequential`` mode). Under a distributed strategy each loader gets its own
 distributed sampler, and a fit resumed mid-epoch continues every loader at its exact position
-(:mod:`trainer.data_position`). Evaluation stages run several loaders one after the other (``sequential``).
+(:mod:`trainer.checkpoint.data_position`). Evaluation stages run several loaders one after the other (``sequential``).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ Number = Union[int, float]
 def as_loader_list(loaders: Any) -> list[Any]:
     """Evaluation stages accept one dataloader, a list/tuple or dict of them (run one after the other, as
     ``dataloader_idx`` 0, 1, ...), or a ``CombinedLoader`` in ``sequential`` mode."""
-    from trainer.combined_loader import CombinedLoader
+    from trainer.data.combined_loader import CombinedLoader
 
     if loaders is None:
         return []
@@ -36,7 +36,7 @@ def as_loader_list(loaders: Any) -> list[Any]:
 def as_training_loader(loader: Any) -> Any:
     """Training data as the loop iterates it: a list/tuple holding DataLoaders, or a dict of them, becomes a
     ``CombinedLoader`` in ``max_size_cycle`` mode (Lightning's default), so each step gets one batch of each."""
-    from trainer.combined_loader import CombinedLoader
+    from trainer.data.combined_loader import CombinedLoader
 
     if isinstance(loader, Mapping):
         return CombinedLoader(loader, "max_size_cycle")
@@ -56,8 +56,8 @@ def loader_from(explicit: Any, datamodule: Any, module: Any, source: str) -> Any
 def prepare_data(strategy: Any, module: Any, datamodule: Any) -> None:
     """The datamodule's and the module's ``prepare_data``: on local rank 0 of every node, or on global rank 0 only
     where ``prepare_data_per_node = False``; then every rank waits for them."""
-    from trainer.hooks import overrides
-    from trainer.module import TrainModule
+    from trainer.module.overrides import overrides
+    from trainer.module.train_module import TrainModule
 
     preparing = [datamodule] if datamodule is not None else []
     if overrides(module, TrainModule, "prepare_data"):
@@ -83,7 +83,7 @@ def fit_train_loader(explicit: Any, datamodule: Any, module: Any) -> Any:
 def check_iterable(loader: Any, argument: str) -> None:
     """Raise a clear error when something that cannot yield batches is passed as data (iterating a tensor yields
     rows and a string characters: never what was meant)."""
-    from trainer.combined_loader import is_loader_like
+    from trainer.data.combined_loader import is_loader_like
 
     if not is_loader_like(loader):
         hint = " Wrap tensors in a TensorDataset and a DataLoader." if isinstance(loader, Tensor) else ""
@@ -99,14 +99,14 @@ def ready_loader(loader: Any, argument: str, training: bool, sampler_kwargs: Opt
     """Check ``loader`` and make it ready for this process (every loader of a ``CombinedLoader``): split across
     ranks by a distributed sampler; for training with ``overfit_batches``, read in order; on CUDA
     (``pin_memory``) in page-locked memory."""
-    from trainer.combined_loader import CombinedLoader
+    from trainer.data.combined_loader import CombinedLoader
 
     if isinstance(loader, CombinedLoader):
         return loader.with_loaders([ready_loader(child, argument, training, sampler_kwargs, use_distributed_sampler,
                                                  overfit, pin_memory) for child in loader.flattened])  # fmt: skip
     check_iterable(loader, argument)
     if training and overfit:
-        from trainer.distributed_data import without_shuffle
+        from trainer.data.distributed import without_shuffle
 
         loader = without_shuffle(loader)
     return prepare_loader(loader, sampler_kwargs, training, use_distributed_sampler, pin_memory)
@@ -170,6 +170,6 @@ def prepare_loader(loader: Any, sampler_kwargs: Optional[dict[str, int]], traini
         loader.pin_memory = True
     if not enabled or sampler_kwargs is None or not isinstance(loader, DataLoader):
         return loader
-    from trainer.distributed_data import distribute_loader
+    from trainer.data.distributed import distribute_loader
 
     return distribute_loader(loader, sampler_kwargs, training)

@@ -33,13 +33,13 @@ from strategies.compile import check_compile
 from strategies.connector import build_strategy
 from strategies.errors import ConfigurationError
 from strategies.strategy import Strategy
-from trainer.arguments import check_accumulate_grad_batches
-from trainer.data import prepare_loader
-from trainer.engine_wrappers import (
+from trainer.config.arguments import check_accumulate_grad_batches
+from trainer.data.loaders import prepare_loader
+from trainer.engine.wrappers import (
     AccumulationWindow, AutocastForward, EngineDataLoader, EngineOptimizer, EngineScheduler, LoaderState,
 )
-from trainer.launch_defaults import with_launch_defaults
-from trainer.trackers import check_trackers, create_trackers
+from trainer.config.launch_defaults import with_launch_defaults
+from trainer.engine.trackers import check_trackers, create_trackers
 
 _NULL_CONTEXT = contextlib.nullcontext()
 _REDUCTIONS = ("sum", "mean", "max", "min", "none")
@@ -469,7 +469,7 @@ class Engine:
         """Save everything needed to resume exactly: prepared modules, optimizers, schedulers, the gradient scaler,
         the accumulation window (with its gradients when saved inside one), every RNG, each prepared training
         dataloader's position, and registered objects. Every rank must call it; returns the folder."""
-        from trainer.engine_state import save_engine_state
+        from trainer.engine.state import save_engine_state
 
         self._require_ready("save_state()")
         return save_engine_state(self, Path(output_dir))
@@ -477,7 +477,7 @@ class Engine:
     def load_state(self, input_dir: Union[str, os.PathLike]) -> None:
         """Restore what :meth:`save_state` wrote into the objects prepared (in the same order) by this Engine. The
         next pass over a prepared training dataloader continues at the batch where the saved run stood."""
-        from trainer.engine_state import load_engine_state
+        from trainer.engine.state import load_engine_state
 
         self._require_ready("load_state()")
         load_engine_state(self, Path(input_dir))

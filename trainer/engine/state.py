@@ -4,7 +4,7 @@
                           LR schedulers, the precision plugin's state (gradient scaler), the accumulation
                           window's position and the registered objects
     DIR/rank_<r>.pt       one per rank: every global RNG, each prepared training dataloader's position (see
-                          :mod:`trainer.data_position`) and, when saved inside an accumulation window, that
+                          :mod:`trainer.checkpoint.data_position`) and, when saved inside an accumulation window, that
                           window's gradients (not all-reduced yet, so they differ per rank)
 
 Both are plain dicts of tensors and Python values, written atomically and read with ``weights_only=True``.
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from strategies.checkpoint_io import CheckpointError, atomic_save, safe_load
 from strategies.rank import rank_zero_warn
-from trainer.checkpointing import check_state_dict
-from trainer.seed import capture_rng_state, restore_rng_state
+from trainer.module.saving import check_state_dict
+from trainer.reproducibility.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.engine import Engine
+    from trainer.engine.engine import Engine
 
 FORMAT_VERSION = 1
 SHARED_FILE = "engine_state.pt"

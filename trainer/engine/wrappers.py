@@ -15,9 +15,9 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DistributedSampler
 
-from trainer.data import loader_length
-from trainer.data_position import TrainDataPosition
-from trainer.seed import restore_rng_state
+from trainer.data.loaders import loader_length
+from trainer.checkpoint.data_position import TrainDataPosition
+from trainer.reproducibility.seed import restore_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
     from strategies.precision import Precision

@@ -16,18 +16,16 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
 from strategies.errors import ConfigurationError, HangError
 from strategies.hang_report import collective_timed_out
 from strategies.rank import rank_zero_print
-from trainer.nonfinite import NONFINITE_MODES, BadLoss, NonFiniteGuard, NonFiniteLossError
-from trainer.signals import DEFAULT_STOP_SIGNALS, SignalConnector, parse_signals
+from trainer.faults.nonfinite import NONFINITE_MODES, BadLoss, NonFiniteGuard, NonFiniteLossError
+from trainer.faults.signals import DEFAULT_STOP_SIGNALS, SignalConnector, parse_signals
 
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
 
 _NEVER = sys.maxsize
 _NO_BAD_STEP = -(2**62)
@@ -39,7 +37,7 @@ class FaultMonitor:
     target_seconds = 2.0
     max_interval = 100
 
-    def __init__(self, trainer: "Trainer", stop_signals: Any = DEFAULT_STOP_SIGNALS,
+    def __init__(self, trainer: Any, stop_signals: Any = DEFAULT_STOP_SIGNALS,
                  on_nonfinite_loss: Optional[str] = None) -> None:  # fmt: skip
         self.trainer = trainer
         self.signals = SignalConnector(parse_signals(stop_signals))

@@ -2,7 +2,7 @@
 
 A handler only records the signal (and calls the handler that was installed before, if it is a Python
 function), so a signal never interrupts an optimizer step or a checkpoint write half-way. The fault
-monitor (:mod:`trainer.faults`) asks :class:`SignalConnector` what was received at step boundaries, agrees
+monitor (:mod:`trainer.faults.monitor`) asks :class:`SignalConnector` what was received at step boundaries, agrees
 with the other ranks, and runs the signal's *action* on every rank at the same step. Actions are
 pluggable: :meth:`SignalConnector.register` replaces the action of a signal (e.g. "save, requeue the
 SLURM job, exit").
@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from strategies.errors import ConfigurationError
 from strategies.rank import rank_zero_info, rank_zero_warn
 
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
 
-SignalAction = Callable[["Trainer", int], None]
+SignalAction = Callable[[Any, int], None]
 DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGINT")
 
 
@@ -50,7 +48,7 @@ def parse_signals(value: Union[None, str, int, Iterable[Union[str, int]]]) -> tu
     return tuple(dict.fromkeys(parsed))
 
 
-def checkpoint_and_exit(trainer: "Trainer", signum: int) -> None:
+def checkpoint_and_exit(trainer: Any, signum: int) -> None:
     """Default action: save ``interrupted.ckpt`` and exit the process cleanly (status 0), on every rank."""
     path = trainer._checkpoint.save_interrupted()
     rank_zero_info(
@@ -60,7 +58,7 @@ def checkpoint_and_exit(trainer: "Trainer", signum: int) -> None:
     raise SystemExit(0)
 
 
-def checkpoint_and_interrupt(trainer: "Trainer", signum: int) -> None:
+def checkpoint_and_interrupt(trainer: Any, signum: int) -> None:
     """Default SIGINT action: save ``interrupted.ckpt``, then raise ``KeyboardInterrupt`` as Ctrl-C would."""
     path = trainer._checkpoint.save_interrupted()
     rank_zero_info("Interrupted: saved a checkpoint at global step %d to '%s'.", trainer.global_step, path)
@@ -109,7 +107,7 @@ class SignalConnector:
         if pending is not None and not chained:
             signal.raise_signal(pending)
 
-    def act(self, trainer: "Trainer", signum: int) -> None:
+    def act(self, trainer: Any, signum: int) -> None:
         """Run the action registered for ``signum`` (every rank calls this at the same step)."""
         self.received = None
         self.actions[signum](trainer, signum)

@@ -5,17 +5,17 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from trainer.batch_transfer import batch_mover
-from trainer.logged_metrics import ResultCollection
-from trainer.step_signature import step_arity
+from trainer.data.batch_transfer import batch_mover
+from trainer.metrics.logged_metrics import ResultCollection
+from trainer.loops.step_signature import step_arity
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
+    from trainer.loops.host import LoopHost
 
 _END = object()
 
 
-def evaluation_grad_mode(trainer: "Trainer") -> Any:
+def evaluation_grad_mode(trainer: "LoopHost") -> Any:
     """``torch.inference_mode()`` for evaluation and prediction (``Trainer(inference_mode=True)``, the default),
     else ``torch.no_grad()``. As in Lightning, gloo process groups and sharded strategies get ``no_grad``: their
     collectives and parameter gathering write into tensors that inference mode would make read-only."""
@@ -29,7 +29,7 @@ def evaluation_grad_mode(trainer: "Trainer") -> Any:
 class EvaluationLoop:
     """Runs ``validation_step`` or ``test_step`` over one or more dataloaders and reduces the epoch metrics."""
 
-    def __init__(self, trainer: "Trainer", stage: str) -> None:
+    def __init__(self, trainer: "LoopHost", stage: str) -> None:
         self.trainer = trainer
         self.stage = stage  # "validate" or "test"
         self.prefix = "validation" if stage == "validate" else "test"
@@ -100,7 +100,7 @@ class EvaluationLoop:
 class PredictionLoop:
     """Runs ``predict_step`` over one or more dataloaders and returns the outputs."""
 
-    def __init__(self, trainer: "Trainer") -> None:
+    def __init__(self, trainer: "LoopHost") -> None:
         self.trainer = trainer
 
     def run(self, loaders: list[Any], batch_limits: list[float], return_predictions: bool = True) -> Any:

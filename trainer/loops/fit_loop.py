@@ -62,16 +62,16 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from trainer.loops.progress import Progress
-from trainer.optimizers import step_schedulers
+from trainer.loops.optimizers import step_schedulers
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
+    from trainer.loops.host import LoopHost
 
 
 class FitLoop:
     """Epochs of training with validation; owns the :class:`Progress` counters."""
 
-    def __init__(self, trainer: "Trainer") -> None:
+    def __init__(self, trainer: "LoopHost") -> None:
         self.trainer = trainer
         self.progress = Progress()
 

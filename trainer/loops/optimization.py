@@ -8,13 +8,13 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from strategies.errors import ConfigurationError
-from trainer.hooks import overrides
-from trainer.module import TrainModule
-from trainer.optimizers import step_schedulers
-from trainer.step_signature import takes_batch_idx
+from trainer.module.overrides import overrides
+from trainer.module.train_module import TrainModule
+from trainer.loops.optimizers import step_schedulers
+from trainer.loops.step_signature import takes_batch_idx
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
+    from trainer.loops.host import LoopHost
 
 
 def extract_loss(output: Any) -> Optional[Tensor]:
@@ -43,7 +43,7 @@ def extract_loss(output: Any) -> Optional[Tensor]:
 class StepCounter:
     """Shared bookkeeping after an optimizer step: global step, skipped steps, step-interval schedulers."""
 
-    def __init__(self, trainer: "Trainer") -> None:
+    def __init__(self, trainer: "LoopHost") -> None:
         self.trainer = trainer
         self.step_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "step"]
 
@@ -64,7 +64,7 @@ class AutomaticOptimization:
     ``(loss / accumulate).backward()`` gives the same weights.
     """
 
-    def __init__(self, trainer: "Trainer", optimizer: Optional[Optimizer]) -> None:
+    def __init__(self, trainer: "LoopHost", optimizer: Optional[Optimizer]) -> None:
         self.trainer = trainer
         self.strategy = trainer.strategy
         self.optimizer = optimizer
@@ -204,7 +204,7 @@ class _OverriddenStep:
 class ManualOptimization:
     """Calls ``training_step``; the user steps optimizers through the wrappers ``self.optimizers()`` returns."""
 
-    def __init__(self, trainer: "Trainer") -> None:
+    def __init__(self, trainer: "LoopHost") -> None:
         self.strategy = trainer.strategy
         self.pass_batch_idx = takes_batch_idx(trainer.module.training_step)
 
@@ -218,7 +218,7 @@ class ManualOptimizer:
     """What ``self.optimizers()`` returns in manual optimisation: ``step()`` runs the precision plugin's
     step order (unscale → ``on_before_optimizer_step`` → step/skip → scaler update) and counts the step."""
 
-    def __init__(self, optimizer: Optimizer, trainer: "Trainer") -> None:
+    def __init__(self, optimizer: Optimizer, trainer: "LoopHost") -> None:
         self._optimizer = optimizer
         self._trainer = trainer
         self._counter = StepCounter(trainer)

@@ -9,10 +9,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from strategies.errors import ConfigurationError
-from trainer.batch_transfer import batch_mover
+from trainer.data.batch_transfer import batch_mover
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
+    from trainer.loops.host import LoopHost
 
 _END = object()
 
@@ -20,7 +20,7 @@ _END = object()
 class TrainingEpochLoop:
     """Runs the micro-batches of one epoch. See :mod:`trainer.loops.fit_loop` for the hook order."""
 
-    def __init__(self, trainer: "Trainer", optimization: Any) -> None:
+    def __init__(self, trainer: "LoopHost", optimization: Any) -> None:
         self.trainer = trainer
         self.optimization = optimization
 

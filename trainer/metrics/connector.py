@@ -7,19 +7,16 @@ the end of an evaluation epoch. Reads in between return the last reduced value o
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any
 
 from strategies.rank import rank_zero_only
-from trainer.logged_metrics import ResultCollection
-
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
+from trainer.metrics.logged_metrics import ResultCollection
 
 
 class MetricsConnector:
     """Holds the training/validation result collections and routes their values to their consumers."""
 
-    def __init__(self, trainer: "Trainer") -> None:
+    def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.train = self.new_collection("train")
         self.val = self.new_collection("validate")
@@ -100,7 +97,7 @@ class MetricsConnector:
                 logger.log_metrics(floats, step)
 
     @rank_zero_only
-    def log_hyperparams(self, model: Any, datamodule: Optional[Any]) -> None:
+    def log_hyperparams(self, model: Any, datamodule: Any) -> None:
         """Send the module's (and datamodule's) hyperparameters, and the graph where asked for."""
         params = dict(model.hparams)
         if datamodule is not None and hasattr(datamodule, "hparams"):

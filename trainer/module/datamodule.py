@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Iterable, Optional, Union
 
-from trainer.hparams import AttributeDict, hyperparameters_of_call
+from trainer.module.hparams import AttributeDict, hyperparameters_of_call
 
 
 class DataModule:

@@ -9,17 +9,14 @@ import copy
 import inspect
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from strategies.errors import ConfigurationError
-from trainer.hparams import AttributeDict, hyperparameters_of_call
-
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
+from trainer.module.hparams import AttributeDict, hyperparameters_of_call
 
 
 class TrainModule(nn.Module):
@@ -37,21 +34,21 @@ class TrainModule(nn.Module):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._trainer: Optional["Trainer"] = None
+        self._trainer: Any = None
         self._hparams: AttributeDict = AttributeDict()
         self._hparams_initial: AttributeDict = AttributeDict()
         self.automatic_optimization: bool = True
 
     # ------------------------------------------------------------------ properties set by the trainer
     @property
-    def trainer(self) -> "Trainer":
+    def trainer(self) -> Any:
         """The Trainer running this module (raises when the module is not attached to one)."""
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) first.")
         return self._trainer
 
     @trainer.setter
-    def trainer(self, trainer: Optional["Trainer"]) -> None:
+    def trainer(self, trainer: Any) -> None:
         object.__setattr__(self, "_trainer", trainer)
 
     @property
@@ -431,13 +428,13 @@ class TrainModule(nn.Module):
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Compute gradients only for ``optimizer``'s parameters until :meth:`untoggle_optimizer` (e.g. a GAN's
         generator step): the parameters only the other optimizers hold get ``requires_grad=False``."""
-        from trainer.optimizer_toggle import toggle
+        from trainer.module.optimizer_toggle import toggle
 
         self.__dict__["_toggled_requires_grad"] = toggle(optimizer, self.trainer.optimizers)
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Undo :meth:`toggle_optimizer`: every ``requires_grad`` flag is as it was before the toggle."""
-        from trainer.optimizer_toggle import untoggle
+        from trainer.module.optimizer_toggle import untoggle
 
         untoggle(self.__dict__.pop("_toggled_requires_grad", {}))
 
@@ -459,17 +456,16 @@ class TrainModule(nn.Module):
         algorithm = gradient_clip_algorithm or "norm"
         if algorithm not in ("norm", "value"):
             raise ConfigurationError(f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
-        from trainer.loops.optimization import ManualOptimizer  # here: that module imports this one
-
-        if isinstance(optimizer, ManualOptimizer):
-            # The gradient scaler tracks "unscaled already" per optimizer object: it must see the one step() uses.
-            optimizer = optimizer.optimizer
+        for manual in self.trainer._manual_optimizers:
+            if optimizer is manual:
+                # The gradient scaler tracks "unscaled already" per optimizer object: it must see the one step() uses.
+                optimizer = manual.optimizer
         self.trainer.strategy.clip_gradients(optimizer, float(gradient_clip_val), algorithm)
 
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Gather tensors (also inside lists, tuples and dicts) from every process: each gets a new leading dimension
         of size world size. ``sync_grads=True`` lets gradients flow back through the gather."""
-        from trainer.collectives import all_gather_tree
+        from trainer.module.collectives import all_gather_tree
 
         return all_gather_tree(data, self.trainer.strategy, group, sync_grads)
 
@@ -539,7 +535,7 @@ class TrainModule(nn.Module):
         **overrides: Any,
     ) -> "TrainModule":
         """Rebuild the module from the hyperparameters in a checkpoint (``overrides`` win) and load its weights."""
-        from trainer.checkpointing import load_module_from_checkpoint
+        from trainer.module.saving import load_module_from_checkpoint
 
         return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides)
 

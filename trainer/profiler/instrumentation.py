@@ -9,12 +9,10 @@ the training iterator times ``next()``. :meth:`Instrumentation.remove` deletes t
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from trainer.profiler import Profiler
+from trainer.profiler.profilers import Profiler
 
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
 
 DATA_WAIT = "data wait (next batch)"
 
@@ -22,7 +20,7 @@ DATA_WAIT = "data wait (next batch)"
 class Instrumentation:
     """The wrappers that report one stage's phases to ``profiler``."""
 
-    def __init__(self, trainer: "Trainer", profiler: Profiler) -> None:
+    def __init__(self, trainer: Any, profiler: Profiler) -> None:
         self.trainer = trainer
         self.profiler = profiler
         self._shadowed: list[tuple[Any, str]] = []
@@ -47,7 +45,7 @@ class Instrumentation:
         self._shadowed.append((owner, name))
 
     @classmethod
-    def attach(cls, trainer: "Trainer", stage: str) -> "Instrumentation":
+    def attach(cls, trainer: Any, stage: str) -> "Instrumentation":
         """Set up ``trainer.profiler`` for ``stage`` and wrap the loop's calls."""
         instrumentation = cls(trainer, trainer.profiler)
         trainer.profiler.setup(trainer, stage)

@@ -8,7 +8,7 @@ profiler plugin and https://ui.perfetto.dev open; the same phases appear in it a
 :class:`Profiler` subclass gets the same ``start``/``stop`` calls.
 
 Off by default, and then free: the Trainer's loop has no profiling code. A profiler is attached to a stage by
-:mod:`trainer.instrumentation`, which wraps the calls the loop already makes, for that stage only.
+:mod:`trainer.profiler.instrumentation`, which wraps the calls the loop already makes, for that stage only.
 """
 from __future__ import annotations
 

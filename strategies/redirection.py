@@ -20,25 +20,37 @@ class ForwardRedirection:
         self.wrapper = wrapper
         self.module = module
         self.method = method
-        self._step = self._run_step  # bound once: nothing is allocated per call
-        self._own: Any = None  # the instance's own forward during a call (e.g. a compiled one), else None
+        # Made once (nothing is allocated per call) and holding no reference back to this object: a cycle would
+        # keep the wrapper, and a DDP reducer's process group with it, alive after the stage until a garbage
+        # collection, possibly at interpreter exit, where destroying a gloo group aborts the process.
+        self._step = _StepAsForward(module, method)
 
     def __call__(self, *args: Any) -> Any:
-        attributes = self.module.__dict__
-        self._own = attributes.get("forward")
-        attributes["forward"] = self._step
+        step = self._step
+        step.own = self.module.__dict__.get("forward")
+        self.module.__dict__["forward"] = step
         try:
             return self.wrapper(*args)
         finally:
-            self._restore_forward()
+            step.restore()
 
-    def _restore_forward(self) -> None:
-        if self._own is None:
+
+class _StepAsForward:
+    """Stands in for the module's ``forward`` during one call: puts the real one back, then runs the step."""
+
+    __slots__ = ("module", "method", "own")
+
+    def __init__(self, module: nn.Module, method: str) -> None:
+        self.module = module
+        self.method = method
+        self.own: Any = None  # the instance's own forward during a call (e.g. a compiled one), else None
+
+    def restore(self) -> None:
+        if self.own is None:
             self.module.__dict__.pop("forward", None)
         else:
-            self.module.__dict__["forward"] = self._own
+            self.module.__dict__["forward"] = self.own
 
-    def _run_step(self, *args: Any, **kwargs: Any) -> Any:
-        # Restore the real forward before the step runs: the step usually calls self(x).
-        self._restore_forward()
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.restore()  # the step usually calls self(x): that must be the real forward
         return getattr(self.module, self.method)(*args, **kwargs)

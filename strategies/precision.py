@@ -68,6 +68,17 @@ class Precision:
     name: str = "32-true"
     #: True when ``convert_input`` changes batches (lets the strategy skip the call otherwise).
     converts_input: bool = False
+    #: Set per class from what it overrides: True where this class's ``forward_context``, ``backward`` or
+    #: ``unscale_gradients`` is the base one, so the per-step path calls torch directly instead of a no-op layer.
+    plain_forward: bool = True
+    plain_backward: bool = True
+    plain_unscale: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.plain_forward = cls.forward_context is Precision.forward_context
+        cls.plain_backward = cls.backward is Precision.backward
+        cls.plain_unscale = cls.unscale_gradients is Precision.unscale_gradients
 
     def setup(self, device: torch.device) -> None:
         """Bind to the device the strategy runs on; raise if that device cannot do this precision."""
@@ -107,7 +118,8 @@ class Precision:
     ) -> bool:
         """Run the fixed step order (see module docstring). Returns False when the step was skipped."""
         if closure is None:
-            self.unscale_gradients(optimizer)
+            if not self.plain_unscale:
+                self.unscale_gradients(optimizer)
             before_step()
             optimizer.step()
             return True

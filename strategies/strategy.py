@@ -164,6 +164,13 @@ class Strategy:
         self._clip_params.clear()
         return optimizers
 
+    @property
+    def moves_batches(self) -> bool:
+        """False when :meth:`batch_to_device` would return every batch as it is (the CPU, no input conversion),
+        so a loop may skip the call."""
+        return (type(self).batch_to_device is not Strategy.batch_to_device or self.root_device.type != "cpu"
+                or self.precision.converts_input)  # fmt: skip
+
     def batch_to_device(self, batch: Any) -> Any:
         """Move a batch to this process's device and convert it for the precision. On CUDA the copy runs on a
         side stream (:mod:`strategies.cuda_copy`); on the CPU the batch is returned as it is."""
@@ -184,6 +191,8 @@ class Strategy:
     # ------------------------------------------------------------------ steps
     def training_step(self, *args: Any) -> Any:
         """Run ``module.training_step`` inside the precision's forward context."""
+        if self.precision.plain_forward:
+            return self.module.training_step(*args)
         with self.precision.forward_context():
             return self.module.training_step(*args)
 
@@ -195,7 +204,10 @@ class Strategy:
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward through the precision plugin (which scales the loss where needed); extra arguments go to
         ``Tensor.backward`` (e.g. ``retain_graph=True``)."""
-        self.precision.backward(loss, *args, **kwargs)
+        if self.precision.plain_backward:
+            loss.backward(*args, **kwargs)
+        else:
+            self.precision.backward(loss, *args, **kwargs)
 
     def backward_sync(self, should_sync: bool, model: Optional[nn.Module] = None) -> ContextManager:
         """Context for one micro-batch: distributed strategies skip the gradient all-reduce when False.

@@ -401,3 +401,32 @@ def test_a_plugin_instance_is_used_as_given():
     plugin = _fp16("cpu")
     assert precision_plugin(plugin) is plugin
     assert _trainer(precision=plugin).strategy.precision is plugin
+
+
+class _RecordingPrecision(Precision):
+    """A user's own plugin: full precision, but every per-step method it overrides records its call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def forward_context(self):
+        self.calls.append("forward_context")
+        return super().forward_context()
+
+    def backward(self, loss, *args, **kwargs):
+        self.calls.append("backward")
+        super().backward(loss, *args, **kwargs)
+
+    def unscale_gradients(self, optimizer):
+        self.calls.append("unscale_gradients")
+
+
+def test_a_user_plugin_overriding_the_step_methods_is_called_every_step():
+    # The base plugin's no-op layers are skipped on the per-step path; an override must never be.
+    assert Precision.plain_forward and Precision.plain_backward and Precision.plain_unscale
+    assert not MixedPrecision.plain_forward and not MixedPrecision.plain_backward
+    plugin = _RecordingPrecision()
+    assert not (plugin.plain_forward or plugin.plain_backward or plugin.plain_unscale)
+    _trainer(precision=plugin, max_steps=3).fit(Net(), _loader())
+    for name in ("forward_context", "backward", "unscale_gradients"):
+        assert plugin.calls.count(name) == 3, (name, plugin.calls)

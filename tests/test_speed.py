@@ -410,6 +410,31 @@ def test_batches_on_the_cpu_are_passed_through_untouched():
     trainer = quiet_trainer()
     batch = (torch.randn(4, 2), {"y": torch.randn(4)})
     assert trainer.strategy.batch_to_device(batch) is batch
+    assert not trainer.strategy.moves_batches  # so the loops do not even call it
+
+
+def test_a_strategy_that_moves_batches_its_own_way_is_called_for_every_batch(tmp_path):
+    from strategies import SingleDeviceStrategy
+
+    class Scaling(SingleDeviceStrategy):
+        """Doubles every input: a stand-in for a user strategy with its own transfer."""
+
+        def batch_to_device(self, batch):
+            self.moved = getattr(self, "moved", 0) + 1
+            return [batch[0] * 2, batch[1]]
+
+    seen = []
+
+    class Recording(Regressor):
+        def training_step(self, batch, batch_idx):
+            seen.append(batch[0])
+            return super().training_step(batch, batch_idx)
+
+    data = DataLoader(TensorDataset(torch.ones(8, 4), torch.zeros(8, 1)), batch_size=4)
+    strategy = Scaling()
+    assert strategy.moves_batches
+    quiet_trainer(default_root_dir=tmp_path, strategy=strategy, max_epochs=1).fit(Recording(), data)
+    assert strategy.moved == 2 and all(bool((x == 2).all()) for x in seen)
 
 
 @pytest.mark.cuda

@@ -2,23 +2,24 @@
 ``on_before_batch_transfer(batch, dataloader_idx)`` → ``transfer_batch_to_device(batch, device, dataloader_idx)``
 → the strategy's move and precision conversion → ``on_after_batch_transfer(batch, dataloader_idx)``.
 
-Resolved once per epoch and dataloader: a module without these hooks gets ``strategy.batch_to_device`` itself.
+Resolved once per epoch and dataloader: a module without these hooks gets ``strategy.batch_to_device`` itself,
+or ``None`` (nothing to call) where the strategy leaves batches as they are.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from trainer.module.overrides import overrides
 from trainer.module.train_module import TrainModule
 
 
-def batch_mover(trainer: Any, dataloader_idx: int = 0) -> Callable[[Any], Any]:
-    """The function the loops call on each batch before the step."""
+def batch_mover(trainer: Any, dataloader_idx: int = 0) -> Optional[Callable[[Any], Any]]:
+    """The function the loops call on each batch before the step; ``None`` when there is nothing to do."""
     module, strategy = trainer.module, trainer.strategy
     before, transfer, after = (overrides(module, TrainModule, name) for name in
                                ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"))  # fmt: skip
     if not (before or transfer or after):
-        return strategy.batch_to_device
+        return strategy.batch_to_device if strategy.moves_batches else None
 
     def move(batch: Any) -> Any:
         if before:

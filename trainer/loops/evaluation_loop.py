@@ -73,7 +73,8 @@ class EvaluationLoop:
                         batch = next(iterator, _END)
                         if batch is _END:
                             break
-                        batch = to_device(batch)
+                        if to_device is not None:
+                            batch = to_device(batch)
                         results.set_batch(batch)
                         if batch_start is not None:
                             batch_start(batch, batch_idx, dataloader_idx)
@@ -125,7 +126,8 @@ class PredictionLoop:
                     batch = next(iterator, _END)
                     if batch is _END:
                         break
-                    batch = to_device(batch)
+                    if to_device is not None:
+                        batch = to_device(batch)
                     call_hook("on_predict_batch_start", batch, batch_idx, dataloader_idx)
                     args = (batch, batch_idx, dataloader_idx)[:arity]
                     prediction = strategy.evaluation_step("predict_step", *args)

@@ -8,6 +8,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from strategies.errors import ConfigurationError
+from strategies.strategy import Strategy
 from trainer.module.overrides import overrides
 from trainer.module.train_module import TrainModule
 from trainer.loops.optimizers import step_schedulers
@@ -20,6 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
 def extract_loss(output: Any) -> Optional[Tensor]:
     """The loss in ``training_step``'s return value, or ``None`` to skip; anything else is an error."""
     if isinstance(output, Tensor):
+        if output.ndim == 0:  # the usual scalar loss: nothing more to check
+            return output
         loss = output
     elif output is None:
         return None
@@ -67,6 +70,8 @@ class AutomaticOptimization:
     def __init__(self, trainer: "LoopHost", optimizer: Optional[Optimizer]) -> None:
         self.trainer = trainer
         self.strategy = trainer.strategy
+        # A strategy that skips gradient synchronisation inside accumulation windows (DDP's no_sync) gets its context.
+        self.sync_context = type(trainer.strategy).backward_sync is not Strategy.backward_sync
         self.optimizer = optimizer
         self.accumulate = trainer.accumulate_grad_batches
         hooks = trainer._hooks
@@ -91,33 +96,11 @@ class AutomaticOptimization:
         self.last_loss: Optional[Tensor] = None
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
-        strategy = self.strategy
-        with strategy.backward_sync(window_end):
-            output = strategy.training_step(batch, batch_idx) if self.pass_batch_idx else strategy.training_step(batch)
-            loss = extract_loss(output)
-            if self.report_outputs and loss is not None:
-                output = {**output, "loss": loss.detach()} if isinstance(output, dict) else {"loss": loss.detach()}
-            if loss is not None and self.loss_check is not None:
-                loss = self.loss_check(loss)
-            if loss is not None:
-                if self.custom_step is not None:
-                    self.last_loss = loss
-                if self.accumulate > 1:
-                    loss = loss / self.accumulate
-                if self.before_backward is not None:
-                    self.before_backward(loss)
-                try:
-                    strategy.backward(loss)
-                except RuntimeError as err:
-                    if "does not require grad" in str(err):
-                        raise ConfigurationError(
-                            "The loss returned by training_step does not require grad: it was detached, computed "
-                            "under torch.no_grad(), or no parameter took part in it."
-                        ) from err
-                    raise
-                if self.after_backward is not None:
-                    self.after_backward()
-                self.window_has_loss = True
+        if self.sync_context:
+            with self.strategy.backward_sync(window_end):
+                output = self.forward_backward(batch, batch_idx)
+        else:
+            output = self.forward_backward(batch, batch_idx)
         if window_end:
             if self.window_has_loss and self.optimizer is not None:
                 if self.custom_step is not None:
@@ -125,6 +108,36 @@ class AutomaticOptimization:
                 else:
                     self.step(batch_idx)
             self.window_has_loss = False
+        return output
+
+    def forward_backward(self, batch: Any, batch_idx: int) -> Any:
+        """``training_step`` and the backward of its loss; returns what ``training_step`` returned."""
+        strategy = self.strategy
+        output = strategy.training_step(batch, batch_idx) if self.pass_batch_idx else strategy.training_step(batch)
+        loss = extract_loss(output)
+        if self.report_outputs and loss is not None:
+            output = {**output, "loss": loss.detach()} if isinstance(output, dict) else {"loss": loss.detach()}
+        if loss is not None and self.loss_check is not None:
+            loss = self.loss_check(loss)
+        if loss is not None:
+            if self.custom_step is not None:
+                self.last_loss = loss
+            if self.accumulate > 1:
+                loss = loss / self.accumulate
+            if self.before_backward is not None:
+                self.before_backward(loss)
+            try:
+                strategy.backward(loss)
+            except RuntimeError as err:
+                if "does not require grad" in str(err):
+                    raise ConfigurationError(
+                        "The loss returned by training_step does not require grad: it was detached, computed "
+                        "under torch.no_grad(), or no parameter took part in it."
+                    ) from err
+                raise
+            if self.after_backward is not None:
+                self.after_backward()
+            self.window_has_loss = True
         return output
 
     def step(self, batch_idx: int = 0) -> None:

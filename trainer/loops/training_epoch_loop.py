@@ -85,7 +85,8 @@ class TrainingEpochLoop:
                 lookahead = next(iterator, _END)
                 is_last = lookahead is _END
 
-            batch = to_device(batch)
+            if to_device is not None:
+                batch = to_device(batch)
             results.set_batch(batch)
             if batch_start is not None and batch_start(batch, batch_idx) == -1:
                 break

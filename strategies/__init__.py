@@ -17,7 +17,9 @@ from strategies.single_device import SingleDeviceStrategy
 from strategies.strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
+    from strategies.checkpoint_io import CheckpointError, CheckpointIO  # noqa: F401
     from strategies.ddp import DDPStrategy  # noqa: F401
+    from strategies.deepspeed import DeepSpeedStrategy  # noqa: F401
     from strategies.dp import DataParallelStrategy  # noqa: F401
     from strategies.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment  # noqa: F401
     from strategies.fsdp import FSDPStrategy  # noqa: F401
@@ -26,7 +28,10 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from strategies.zero import Zero1Strategy, Zero2Strategy, ZeroStrategy  # noqa: F401
 
 _LAZY = {
+    "CheckpointError": "strategies.checkpoint_io",
+    "CheckpointIO": "strategies.checkpoint_io",
     "DDPStrategy": "strategies.ddp",
+    "DeepSpeedStrategy": "strategies.deepspeed",
     "DataParallelStrategy": "strategies.dp",
     "FSDPStrategy": "strategies.fsdp",
     "LocalEnvironment": "strategies.environments",

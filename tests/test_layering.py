@@ -145,3 +145,22 @@ def test_the_walk_sees_lazy_and_type_checking_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     found = imported_modules(source)
     assert {"trainer.trainer", "trainer.faults", "trainer.faults.monitor", "callbacks.callback"} <= found
+
+
+def test_every_public_name_of_strategies_resolves_and_the_heavy_ones_load_on_first_use():
+    # A fresh interpreter: `import strategies` must not load the multi-process strategies (import time), and every
+    # name in its __all__ (``from strategies import DeepSpeedStrategy``) must resolve to the class in its module.
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, importlib, strategies\n"
+        "lazy = ['strategies.ddp', 'strategies.deepspeed', 'strategies.fsdp', 'strategies.nd_parallel']\n"
+        "assert not [m for m in lazy if m in sys.modules], [m for m in lazy if m in sys.modules]\n"
+        "for name in strategies.__all__:\n"
+        "    value = getattr(strategies, name)\n"
+        "    assert getattr(value, '__name__', name) == name, (name, value)\n"
+        "assert 'deepspeed' not in sys.modules  # the package itself loads only when a DeepSpeed run starts\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -167,9 +167,9 @@ class Strategy:
     @property
     def moves_batches(self) -> bool:
         """False when :meth:`batch_to_device` would return every batch as it is (the CPU, no input conversion),
-        so a loop may skip the call."""
-        return (type(self).batch_to_device is not Strategy.batch_to_device or self.root_device.type != "cpu"
-                or self.precision.converts_input)  # fmt: skip
+        so a loop may skip the call. One set on the instance (a profiler's timing wrapper) is always called."""
+        overridden = "batch_to_device" in vars(self) or type(self).batch_to_device is not Strategy.batch_to_device
+        return overridden or self.root_device.type != "cpu" or self.precision.converts_input
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move a batch to this process's device and convert it for the precision. On CUDA the copy runs on a

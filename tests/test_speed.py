@@ -411,6 +411,8 @@ def test_batches_on_the_cpu_are_passed_through_untouched():
     batch = (torch.randn(4, 2), {"y": torch.randn(4)})
     assert trainer.strategy.batch_to_device(batch) is batch
     assert not trainer.strategy.moves_batches  # so the loops do not even call it
+    trainer.strategy.batch_to_device = lambda batch: batch  # set on the instance, as the profiler's timing does
+    assert trainer.strategy.moves_batches
 
 
 def test_a_strategy_that_moves_batches_its_own_way_is_called_for_every_batch(tmp_path):

@@ -71,7 +71,7 @@ class AutomaticOptimization:
         self.trainer = trainer
         self.strategy = trainer.strategy
         # A strategy that skips gradient synchronisation inside accumulation windows (DDP's no_sync) gets its context.
-        self.sync_context = type(trainer.strategy).backward_sync is not Strategy.backward_sync
+        self.sync_context = overrides(trainer.strategy, Strategy, "backward_sync")
         self.optimizer = optimizer
         self.accumulate = trainer.accumulate_grad_batches
         hooks = trainer._hooks

@@ -189,16 +189,50 @@ class CountHostReads(Callback):
         self.originals = {}
 
 
-def test_the_nonfinite_guard_adds_no_host_read_per_step(tmp_path: Path) -> None:
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible: a host read is a device sync only there")
+def test_the_nonfinite_guard_adds_no_host_read_per_step_on_a_gpu(tmp_path: Path) -> None:
     train, _ = loaders(samples=48)
     counter = CountHostReads(start=2, stop=10)
     try:
         trainer = make_trainer(tmp_path, max_epochs=1, on_nonfinite_loss="stop", enable_checkpointing=False,
-                               log_every_n_steps=1000, callbacks=[counter])  # fmt: skip
+                               log_every_n_steps=1000, callbacks=[counter], accelerator="cuda", devices=1)  # fmt: skip
         trainer.fit(LossTurnsNaN(bad_batches=()), train)
     finally:
         counter.restore()
     assert counter.reads == []
+
+
+def test_the_deferred_guard_reads_nothing_until_flushed_and_names_the_exact_step() -> None:
+    """The accelerator mode of the guard, driven directly (its logic does not depend on the device): 300 losses
+    (more than one stacked chunk) are recorded without a host read; the flush finds the one NaN and its position."""
+    from trainer.faults.nonfinite import NonFiniteGuard
+    from trainer.loops.progress import Progress
+
+    progress = Progress()
+    guard = NonFiniteGuard("stop", progress)
+    guard.read_as_it_comes(on_host=False)
+    originals = {name: getattr(torch.Tensor, name) for name in ("item", "tolist", "__bool__", "__float__")}
+    reads = []
+    try:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, lambda tensor, *a, _o=original, _n=name: reads.append(_n) or _o(tensor, *a))
+        for batch in range(300):
+            progress.global_step, progress.batch_in_epoch = batch // 2, batch
+            guard.check(torch.tensor(math.nan if batch == 271 else 1.0, requires_grad=True) * 2)
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    assert reads == []
+    bad = guard.flush()
+    assert bad is not None and math.isnan(bad.value) and (bad.global_step, bad.batch_idx) == (135, 271)
+
+
+def test_on_the_cpu_a_nonfinite_loss_stops_the_fit_right_after_its_step(tmp_path: Path, capsys) -> None:
+    train, val = loaders()
+    trainer = make_trainer(tmp_path, max_epochs=3, enable_checkpointing=False)
+    trainer.fit(LossTurnsNaN(bad_batches=(2,)), train, val)
+    assert "loss was nan at global step 2 (epoch 0, batch 2)" in capsys.readouterr().err
+    assert trainer.global_step == 3  # the bad step itself ran; nothing after it
 
 
 def test_detect_anomaly_names_the_backward_that_made_nan(tmp_path: Path) -> None:

@@ -72,6 +72,8 @@ class FaultMonitor:
         if self.guard is not None:
             self.guard.reset()
             self.guard.zero_loss = _zero_loss(trainer.module) if distributed else None
+            self.guard.read_as_it_comes(trainer.strategy.root_device.type == "cpu")
+            self.guard.on_found = None if distributed else self._check_after_this_step  # ranks check at agreed steps
         self._last_time = time.monotonic()
         self._last_step = trainer.fit_loop.progress.global_step
         self._periodic = self.guard is not None or (distributed and bool(self.signals.actions))
@@ -94,6 +96,9 @@ class FaultMonitor:
             self.signals.uninstall()
             self._active = False
             self.due_step = _NEVER
+
+    def _check_after_this_step(self) -> None:
+        self.due_step = 0
 
     def _on_signal(self, signum: int) -> None:
         if self.trainer.world_size == 1:

@@ -1,14 +1,17 @@
 """Non-finite training losses, detected without a host-device sync per step.
 
-Each micro-batch's loss is kept as a detached reference (every 256 of them are stacked into one device
-tensor: one small kernel, no sync); the host reads the buffer only at the fault monitor's check points and before every
-checkpoint save, which is where it learns the exact step. ``on_nonfinite_loss="skip"`` must decide before
-the backward, so it reads every loss on the host: one sync per micro-batch, like a gradient scaler.
+On an accelerator each micro-batch's loss is kept as a detached reference (every 256 of them are stacked into one
+device tensor: one small kernel, no sync); the host reads the buffer only at the fault monitor's check points and
+before every checkpoint save, which is where it learns the exact step. On the CPU there is no device to wait for:
+each loss is read as it comes (cheaper than holding it), and a single process stops right after that step.
+``on_nonfinite_loss="skip"`` must decide before the backward, so it reads every loss on the host: one sync per
+micro-batch, like a gradient scaler.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from math import isfinite
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -51,10 +54,20 @@ class NonFiniteGuard:
         self.progress = progress
         self.skipped = 0
         self.zero_loss: Any = None  # set under DDP: a zero loss touching every parameter replaces a skipped one
-        self._pending: list[Tensor] = []  # detached losses not yet stacked (no copy, no sync per step)
-        self._where: list[tuple[int, int, int]] = []  # (global_step, epoch, batch) of every pending/stacked loss
-        self._chunks: list[Tensor] = []
+        # (detached loss, global_step, epoch, batch) of each loss not yet stacked: no copy, no sync per step
+        self._pending: list[tuple[Tensor, int, int, int]] = []
+        self._chunks: list[Tensor] = []  # the stacked losses, and where each was seen
+        self._where: list[tuple[int, int, int]] = []
         self.found: Optional[BadLoss] = None
+        #: What the loop calls with each loss: records it, or (mode "skip") reads it and decides.
+        self.check = self._skip_if_bad if mode == "skip" else self._record
+        #: Called when a loss read as it comes is non-finite (the monitor then checks after this step).
+        self.on_found: Optional[Callable[[], None]] = None
+
+    def read_as_it_comes(self, on_host: bool) -> None:
+        """``on_host``: the losses are on the CPU, so read each one at once instead of holding it until a check."""
+        if self.mode != "skip":
+            self.check = self._read_now if on_host else self._record
 
     def reset(self) -> None:
         """Forget what was recorded (a new fit starts)."""
@@ -65,23 +78,36 @@ class NonFiniteGuard:
         self.skipped = 0
 
     def __call__(self, loss: Tensor) -> Optional[Tensor]:
-        if self.mode == "skip":
-            return self._skip_if_bad(loss)
+        return self.check(loss)
+
+    def _record(self, loss: Tensor) -> Tensor:
         progress = self.progress
-        self._pending.append(loss.detach())
-        self._where.append((progress.global_step, progress.epoch, progress.batch_in_epoch))
-        if len(self._pending) == self._CHUNK:  # bound what is held: one small kernel per 256 losses
-            self._chunks.append(torch.stack(self._pending).float())
-            self._pending.clear()
+        pending = self._pending
+        pending.append((loss.detach(), progress.global_step, progress.epoch, progress.batch_in_epoch))
+        if len(pending) == self._CHUNK:  # bound what is held: one small kernel per 256 losses
+            self._stack_pending()
         return loss
+
+    def _read_now(self, loss: Tensor) -> Tensor:
+        if not isfinite(loss.item()) and self.found is None:
+            progress = self.progress
+            self.found = BadLoss(loss.item(), progress.global_step, progress.epoch, progress.batch_in_epoch)
+            if self.on_found is not None:
+                self.on_found()
+        return loss
+
+    def _stack_pending(self) -> None:
+        losses, steps, epochs, batches = zip(*self._pending)
+        self._chunks.append(torch.stack(losses).float())
+        self._where.extend(zip(steps, epochs, batches))
+        self._pending.clear()
 
     def flush(self) -> Optional[BadLoss]:
         """Read the losses recorded since the last flush (one sync); the first non-finite one, if any."""
-        if self.found is not None or not self._where:
+        if self.found is not None or not (self._pending or self._where):
             return self.found
         if self._pending:
-            self._chunks.append(torch.stack(self._pending).float())
-            self._pending.clear()
+            self._stack_pending()
         values = torch.cat(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
         where = self._where[:]
         self._chunks.clear()

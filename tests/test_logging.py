@@ -170,6 +170,44 @@ def test_invalid_log_calls(value, message):
         quiet_trainer(max_epochs=1).fit(Bad(), loader(n=8))
 
 
+def test_lightning_only_keywords_run_and_a_misspelt_option_is_an_error():
+    class LightningStyle(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("loss", loss, enable_graph=False, sync_dist_group=None, rank_zero_only=True,
+                     metric_attribute=None)  # fmt: skip
+            self.log_dict({"twice": loss * 2}, rank_zero_only=True)
+            return loss
+
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(LightningStyle(), loader(n=8))
+    assert float(trainer.callback_metrics["twice"]) == pytest.approx(2 * float(trainer.callback_metrics["loss"]))
+
+    class Misspelt(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("loss", loss, on_epcoh=True)
+            return loss
+
+    with pytest.raises(TypeError, match="on_epcoh"):
+        quiet_trainer(max_epochs=1).fit(Misspelt(), loader(n=8))
+
+
+def test_a_name_logged_with_new_options_keeps_its_epoch_state_and_takes_the_new_ones():
+    """The same name logged per step and epoch, then (from batch 2 on) also to the progress bar: one epoch mean over
+    every batch, and the progress-bar option applies from then on."""
+    class Changes(LogsBatchMean):
+        def training_step(self, batch, batch_idx):
+            x, _ = batch
+            self.log("value", x.mean(), on_epoch=True, prog_bar=batch_idx >= 2)
+            return Regressor.training_step(self, batch, batch_idx)
+
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
+    trainer.fit(Changes(), DataLoader(_uneven_data(), batch_size=4))
+    assert float(trainer.callback_metrics["value_epoch"]) == pytest.approx(4.5)  # weighted over all 10 samples
+    assert "value_step" in trainer.progress_bar_metrics
+
+
 def test_log_outside_a_trainer_warns_and_is_ignored():
     with pytest.warns(UserWarning, match="not run by a Trainer"):
         Regressor().log("x", 1.0)

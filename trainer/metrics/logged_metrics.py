@@ -61,13 +61,14 @@ class LoggedValue:
 
     __slots__ = (
         "name", "options", "on_step", "on_epoch", "prog_bar", "logger", "reduce", "sync_dist",
-        "dataloader_idx", "last", "total", "weight", "metric", "_step_cache", "_epoch_cache",
+        "call", "dataloader_idx", "last", "total", "weight", "metric", "_step_cache", "_epoch_cache",
     )  # fmt: skip
 
-    def __init__(self, name: str, options: tuple, dataloader_idx: Optional[int]) -> None:
+    def __init__(self, name: str, options: tuple, call: tuple, dataloader_idx: Optional[int]) -> None:
         self.name = name
         self.options = options
         self.on_step, self.on_epoch, self.prog_bar, self.logger, self.reduce, self.sync_dist = options
+        self.call = call  # the self.log arguments it was made from (ResultCollection.log compares them)
         self.dataloader_idx = dataloader_idx
         self.last: Any = None
         self.total: Any = None
@@ -197,24 +198,28 @@ class ResultCollection:
     def __init__(self, stage: str, strategy: Any) -> None:
         self.stage = stage
         self.training = stage == "train"
-        self.epoch_level = False
         self.epoch_done = False
+        self.epoch_level = False
         self.values: dict[str, LoggedValue] = {}
         self.batch: Any = None
-        self._batch_size: Optional[int] = None
+        self._batch_size = 1
+        self._sized_batch: Any = None  # the batch _batch_size is of (the reference keeps its id from being reused)
         self.dataloader_idx: Optional[int] = None  # set by evaluation loops with several dataloaders
         self._strategy = strategy  # reduces sync_dist values (Strategy.reduce) at sync points
         self._reduce_fn = strategy.reduce
 
     # ------------------------------------------------------------------ hot path
     def set_batch(self, batch: Any) -> None:
-        """Called by the loop before each step; the batch size is inferred only if a value needs it."""
+        """Called by the loop before each step (or it sets ``batch``); the batch size is inferred only if a value
+        needs it."""
         self.batch = batch
-        self._batch_size = None
 
     def current_batch_size(self) -> int:
-        if self._batch_size is None:
-            self._batch_size = extract_batch_size(self.batch)
+        """The size of the current batch, inferred once per batch."""
+        batch = self.batch
+        if self._sized_batch is not batch:
+            self._batch_size = extract_batch_size(batch)
+            self._sized_batch = batch
         return self._batch_size
 
     def log(
@@ -230,25 +235,27 @@ class ResultCollection:
         batch_size: Optional[int],
         add_dataloader_idx: bool,
     ) -> None:
-        if on_step is None:
-            on_step = self.training and not self.epoch_level
-        if on_epoch is None:
-            on_epoch = not self.training or self.epoch_level
-        reduce = reduce_fx if reduce_fx == "mean" else _reduce_name(reduce_fx)
-        options = (on_step, on_epoch, prog_bar, logger, reduce, sync_dist)
-        key = name
+        # The call as made (defaults not yet resolved, with the level that resolves them): a repeated call
+        # compares one tuple and updates.
+        call = (on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist, self.epoch_level)
         dataloader_idx = self.dataloader_idx if add_dataloader_idx else None
         if dataloader_idx is not None:
-            key = f"{name}/dataloader_idx_{dataloader_idx}"
-        entry = self.values.get(key)
-        if entry is None or entry.options != options:
-            entry = self._new_entry(key, value, options, dataloader_idx, entry)
+            name = f"{name}/dataloader_idx_{dataloader_idx}"
+        entry = self.values.get(name)
+        if entry is None or entry.call != call:
+            entry = self._new_entry(name, value, call, dataloader_idx, entry)
         entry.update(value, batch_size, self)
 
     def _new_entry(
-        self, key: str, value: Any, options: tuple, dataloader_idx: Optional[int], previous: Optional[LoggedValue]
+        self, key: str, value: Any, call: tuple, dataloader_idx: Optional[int], previous: Optional[LoggedValue]
     ) -> LoggedValue:
-        on_step, on_epoch = options[0], options[1]
+        on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist, epoch_level = call
+        if on_step is None:
+            on_step = self.training and not epoch_level
+        if on_epoch is None:
+            on_epoch = not self.training or epoch_level
+        reduce = _reduce_name(reduce_fx)
+        options = (on_step, on_epoch, prog_bar, logger, reduce, sync_dist)
         if not isinstance(key, str) or not key:
             raise ConfigurationError(f"self.log(name={key!r}): the name must be a non-empty string.")
         if on_step and self.epoch_level:
@@ -271,8 +278,8 @@ class ResultCollection:
                 f"self.log({key!r}, value) got a {type(value).__name__}; log a number, a scalar tensor "
                 "or a torchmetrics.Metric."
             )
-        entry = LoggedValue(key, options, dataloader_idx)
-        if previous is not None and previous.options[:2] == options[:2] and previous.options[4] == options[4]:
+        entry = LoggedValue(key, options, call, dataloader_idx)
+        if previous is not None and previous.options[:2] == options[:2] and previous.reduce == reduce:
             # Only display options changed (prog_bar/logger): keep the accumulated epoch state.
             entry.total, entry.weight, entry.metric = previous.total, previous.weight, previous.metric
         self.values[key] = entry

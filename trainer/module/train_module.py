@@ -359,13 +359,20 @@ class TrainModule(nn.Module):
         sync_dist: bool = False,
         batch_size: Optional[int] = None,
         add_dataloader_idx: bool = True,
-        **_ignored: Any,
+        *,
+        enable_graph: bool = False,
+        sync_dist_group: Any = None,
+        metric_attribute: Optional[str] = None,
+        rank_zero_only: bool = False,
     ) -> None:
         """Record a metric: a number, a scalar tensor or a ``torchmetrics.Metric``.
 
         Defaults: in training ``on_step=True, on_epoch=False``; in validation/test and in epoch-level hooks
         ``on_step=False, on_epoch=True``. Epoch values are means weighted by batch size (or ``reduce_fx``).
         Tensors are detached (no graph is kept) and read on the host only at logging intervals.
+        ``enable_graph``, ``sync_dist_group``, ``metric_attribute`` and ``rank_zero_only`` are Lightning's and
+        accepted so its calls run: values are always detached, ``sync_dist`` reduces over all ranks, and loggers write
+        from global rank 0.
         """
         results = self._trainer._results if self._trainer is not None else None
         if results is None:
@@ -386,7 +393,10 @@ class TrainModule(nn.Module):
         sync_dist: bool = False,
         batch_size: Optional[int] = None,
         add_dataloader_idx: bool = True,
-        **_ignored: Any,
+        *,
+        enable_graph: bool = False,
+        sync_dist_group: Any = None,
+        rank_zero_only: bool = False,
     ) -> None:
         """:meth:`log` every item of ``dictionary`` (or a torchmetrics ``MetricCollection``) with the same options."""
         items = dictionary.items()

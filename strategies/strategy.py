@@ -171,6 +171,20 @@ class Strategy:
         overridden = "batch_to_device" in vars(self) or type(self).batch_to_device is not Strategy.batch_to_device
         return overridden or self.root_device.type != "cpu" or self.precision.converts_input
 
+    @property
+    def plain_steps(self) -> bool:
+        """True when :meth:`training_step`, :meth:`backward` and :meth:`optimizer_step` would only call the
+        module's ``training_step``, ``loss.backward()`` and ``optimizer.step()`` (no wrapper, precision context,
+        loss scaling or gradient synchronisation), so a loop may make those calls itself. A method set on the
+        instance (a profiler's timing wrapper) makes it False."""
+        for name in ("training_step", "backward", "optimizer_step", "backward_sync"):
+            if name in vars(self) or getattr(type(self), name) is not getattr(Strategy, name):
+                return False
+        precision = self.precision
+        return (precision.plain_forward and precision.plain_backward and precision.plain_unscale
+                and "optimizer_step" not in vars(precision)
+                and type(precision).optimizer_step is Precision.optimizer_step)  # fmt: skip
+
     def batch_to_device(self, batch: Any) -> Any:
         """Move a batch to this process's device and convert it for the precision. On CUDA the copy runs on a
         side stream (:mod:`strategies.cuda_copy`); on the CPU the batch is returned as it is."""

@@ -134,3 +134,63 @@ def test_max_steps_stops_mid_epoch_and_limit_train_batches():
         trainer = quiet_trainer(max_epochs=2, limit_train_batches=limit)
         trainer.fit(module, loader(n=64, batch_size=8))
         assert trainer.global_step == expected, limit
+
+
+def test_the_direct_step_and_the_layered_step_both_match_a_hand_written_loop():
+    """With nothing between training_step and the torch calls the loop makes them itself; a callback hook in
+    between puts the strategy/precision layers back. Both give the hand-written loop's weights."""
+    from callbacks import Callback
+
+    class Noop(Callback):
+        def on_before_backward(self, trainer, module, loss):
+            pass
+
+    data = loader(n=48, batch_size=8)
+
+    def make(params):
+        optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
+
+    reference = _mlp()
+    [optimizer], [scheduler] = make(reference.parameters())
+    for _ in range(2):
+        for x, y in data:
+            nn.functional.mse_loss(reference(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        scheduler.step()
+
+    for callbacks, direct in (([], True), ([Noop()], False)):
+        module = Wrapped(_mlp(), make)
+        trainer = quiet_trainer(max_epochs=2, callbacks=callbacks)
+        trainer.fit(module, data)
+        assert trainer._optimization.plain is direct  # the path this case is meant to exercise
+        assert trainer.global_step == 12
+        _assert_same_weights(module.net, reference, atol=1e-6)
+
+
+def test_a_loader_without_length_ends_its_last_accumulation_window():
+    """An iterable of unknown length: the loop looks one batch ahead to know the last one, so the partial window
+    at the end still steps (10 batches, windows of 3: four steps)."""
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            torch.manual_seed(1)
+            for _ in range(10):
+                yield torch.randn(8, 4), torch.randn(8, 1)
+
+    data = torch.utils.data.DataLoader(Stream(), batch_size=None)
+    reference = _mlp()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    batches = list(data)
+    for i, (x, y) in enumerate(batches):
+        (nn.functional.mse_loss(reference(x), y) / 3).backward()
+        if (i + 1) % 3 == 0 or i + 1 == len(batches):
+            optimizer.step()
+            optimizer.zero_grad()
+
+    module = Wrapped(_mlp(), lambda p: torch.optim.SGD(p, lr=0.1))
+    trainer = quiet_trainer(max_epochs=1, accumulate_grad_batches=3)
+    trainer.fit(module, data)
+    assert trainer.global_step == 4
+    _assert_same_weights(module.net, reference, atol=1e-6)

@@ -104,13 +104,14 @@ class _IndexSampler:
         # and uses the last): the arming lasts until the caller disarms it, and nothing is drawn until used.
         if self.armed is None:
             self.positioned = None
-            return self._epoch()
+            # chain pulls _epoch() once, at the first index, then iterates the sampler itself: nothing per batch.
+            return itertools.chain.from_iterable(self._epoch())
         self.positioned = _PositionedIndices(self, *self.armed)
         return self.positioned
 
     def _epoch(self) -> Iterator[Any]:
         self.start_state = _capture(self.generators)  # runs at the first index: where the sampler draws its seed
-        yield from self.inner
+        yield self.inner
 
 
 class _PositionedIndices:

@@ -43,6 +43,15 @@ def extract_loss(output: Any) -> Optional[Tensor]:
     return loss
 
 
+def _explain_backward_error(err: RuntimeError) -> None:
+    """Raise a ConfigurationError saying why, for the backward error of a loss that has no graph."""
+    if "does not require grad" in str(err):
+        raise ConfigurationError(
+            "The loss returned by training_step does not require grad: it was detached, computed "
+            "under torch.no_grad(), or no parameter took part in it."
+        ) from err
+
+
 class StepCounter:
     """Shared bookkeeping after an optimizer step: global step, skipped steps, step-interval schedulers."""
 
@@ -80,13 +89,15 @@ class AutomaticOptimization:
         self.before_optimizer_step = hooks.caller(trainer, "on_before_optimizer_step")
         self.before_zero_grad = hooks.caller(trainer, "on_before_zero_grad")
         self.counter = StepCounter(trainer)
+        self.progress = trainer.fit_loop.progress
         module = trainer.module
         self.clip_val = trainer.gradient_clip_val
         self.clip_algorithm = trainer.gradient_clip_algorithm
         self.custom_clipping = overrides(module, TrainModule, "configure_gradient_clipping")
         self.pass_batch_idx = takes_batch_idx(module.training_step)  # training_step(batch) is allowed, as in Lightning
         self.window_has_loss = False
-        self.loss_check = trainer._faults.guard  # records the loss on device; None skips the micro-batch
+        self.guard = trainer._faults.guard  # its check records or reads the loss; None skips the micro-batch
+        self.loss_check = self.guard.check if self.guard is not None else None
         # on_train_batch_end gets {"loss": detached loss, **other keys} as in Lightning; built only if it is used.
         self.report_outputs = hooks.caller(trainer, "on_train_batch_end") is not None
         self._before_step: Callable[[], None] = self._hooks_and_clipping
@@ -94,6 +105,25 @@ class AutomaticOptimization:
         self.custom_step = _OverriddenStep(self) if overrides(module, TrainModule, "optimizer_step") else None
         self.custom_zero_grad = overrides(module, TrainModule, "optimizer_zero_grad")
         self.last_loss: Optional[Tensor] = None
+        # Nothing between training_step and the torch calls would act: no hook, clipping, custom step, scheduler
+        # stepped per step, per-step outputs, or strategy/precision layer (see Strategy.plain_steps).
+        self.plain = (
+            optimizer is not None and trainer.strategy.plain_steps and self.custom_step is None
+            and not self.custom_zero_grad and not self.custom_clipping and not self.clip_val
+            and not self.report_outputs and not self.counter.step_schedulers
+            and all(hook is None for hook in (self.before_backward, self.after_backward,
+                                              self.before_optimizer_step, self.before_zero_grad))
+        )  # fmt: skip
+
+    def runner(self, accumulate: int) -> Callable[[Any, int, bool], Any]:
+        """The step function for an epoch run with ``accumulate`` micro-batches per window: :meth:`run`, or the
+        same step in fewer calls (:meth:`_run_plain`) when nothing between them would act."""
+        self.accumulate = accumulate
+        if self.guard is not None:
+            self.loss_check = self.guard.check  # how it checks is decided when the fit starts
+        training_step = self.strategy.module.training_step
+        self._training_step = training_step if self.pass_batch_idx else (lambda batch, _: training_step(batch))
+        return self._run_plain if self.plain and accumulate == 1 else self.run
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
         if self.sync_context:
@@ -129,15 +159,33 @@ class AutomaticOptimization:
             try:
                 strategy.backward(loss)
             except RuntimeError as err:
-                if "does not require grad" in str(err):
-                    raise ConfigurationError(
-                        "The loss returned by training_step does not require grad: it was detached, computed "
-                        "under torch.no_grad(), or no parameter took part in it."
-                    ) from err
+                _explain_backward_error(err)
                 raise
             if self.after_backward is not None:
                 self.after_backward()
             self.window_has_loss = True
+        return output
+
+    def _run_plain(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
+        """:meth:`run` where every layer would only pass the call on (``self.plain``, one micro-batch per window):
+        ``training_step``, the loss check, ``loss.backward()``, ``optimizer.step()``, ``zero_grad``, in one call."""
+        output = self._training_step(batch, batch_idx)
+        loss = output if output.__class__ is Tensor and not output.ndim else extract_loss(output)
+        if loss is None:
+            return output
+        if self.loss_check is not None:
+            loss = self.loss_check(loss)
+            if loss is None:
+                return output
+        try:
+            loss.backward()
+        except RuntimeError as err:
+            _explain_backward_error(err)
+            raise
+        optimizer = self.optimizer
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.progress.global_step += 1
         return output
 
     def step(self, batch_idx: int = 0) -> None:
@@ -220,6 +268,10 @@ class ManualOptimization:
     def __init__(self, trainer: "LoopHost") -> None:
         self.strategy = trainer.strategy
         self.pass_batch_idx = takes_batch_idx(trainer.module.training_step)
+
+    def runner(self, accumulate: int) -> Callable[[Any, int, bool], Any]:
+        """The step function for an epoch (the user steps, so accumulation changes nothing here)."""
+        return self.run
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
         if self.pass_batch_idx:

@@ -5,8 +5,9 @@ allocation, no host-device sync and no collective of its own.
 """
 from __future__ import annotations
 
+import itertools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from strategies.errors import ConfigurationError
 from trainer.data.batch_transfer import batch_mover
@@ -57,47 +58,34 @@ class TrainingEpochLoop:
         batch_start = trainer._hooks.caller(trainer, "on_train_batch_start")
         batch_end = trainer._hooks.caller(trainer, "on_train_batch_end")
         faults = trainer._faults
-        run_step = self.optimization.run
-        accumulate = trainer.accumulate_grad_batches
-        self.optimization.accumulate = accumulate  # may change between epochs (GradientAccumulationScheduler)
+        accumulate = trainer.accumulate_grad_batches  # may change between epochs (GradientAccumulationScheduler)
+        run_step = self.optimization.runner(accumulate)
+        steps_every_batch = accumulate == 1
         log_every = trainer.log_every_n_steps
-        max_steps = trainer.max_steps
+        stop_step = math.inf if trainer.max_steps == -1 else trainer.max_steps
         val_every = self.val_check_batch(num_batches)
         across_epochs = trainer.check_val_every_n_epoch is None
-        known_length = not math.isinf(num_batches)
         batch_idx = progress.batch_in_epoch
         to_device = batch_mover(trainer)
 
         if progress.val_pending:  # resumed from a checkpoint saved between a batch and its validation
             trainer._run_validation_in_fit()
 
-        lookahead = _END if known_length else next(iterator, _END)
-        while batch_idx < num_batches:
-            if known_length:
-                batch = next(iterator, _END)
-                if batch is _END:
-                    break
-                is_last = batch_idx + 1 >= num_batches
-            else:
-                batch = lookahead
-                if batch is _END:
-                    break
-                lookahead = next(iterator, _END)
-                is_last = lookahead is _END
-
+        for batch, is_last in _with_last_flag(iterator, num_batches - batch_idx):
             if to_device is not None:
                 batch = to_device(batch)
-            results.set_batch(batch)
+            results.batch = batch  # its size is inferred only if a logged value needs it
             if batch_start is not None and batch_start(batch, batch_idx) == -1:
                 break
-            window_end = is_last or (batch_idx + 1) % accumulate == 0
+            window_end = steps_every_batch or is_last or (batch_idx + 1) % accumulate == 0
             steps_before = progress.global_step
             outputs = run_step(batch, batch_idx, window_end)
 
             batch_idx += 1
             progress.batch_in_epoch = batch_idx
             progress.total_batches += 1
-            stepped = progress.global_step != steps_before
+            step = progress.global_step
+            stepped = step != steps_before
             if stepped:
                 progress.batches_that_stepped += 1
             if val_every:
@@ -110,11 +98,27 @@ class TrainingEpochLoop:
                 trainer._metrics.log_step()
             # At a step boundary; for a signal in a single process (due_step 0) also at the end of a window that
             # did not step, so a run whose batches are all skipped still stops on SIGTERM.
-            if progress.global_step >= faults.due_step and (stepped or (window_end and not faults.due_step)):
+            if step >= faults.due_step and (stepped or (window_end and not faults.due_step)):
                 faults.check()  # before validation: a checkpoint saved here resumes with validation pending
             if progress.val_pending:
                 trainer._run_validation_in_fit()
-            if (max_steps != -1 and progress.global_step >= max_steps) or (trainer.should_stop and trainer._can_stop(progress.epoch + 1)):
+            if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch + 1)):
                 break
-            if is_last:
-                break
+
+
+def _with_last_flag(iterator: Iterator[Any], remaining: float) -> Iterator[tuple[Any, bool]]:
+    """``(batch, is_last)`` for at most ``remaining`` batches of ``iterator``. With a known length the flags come
+    from the count (no work per batch in Python); without one, each batch is yielded once the next is fetched."""
+    if not math.isinf(remaining):
+        count = max(int(remaining), 0)
+        flags = itertools.chain(itertools.repeat(False, count - 1), (True,))
+        return zip(itertools.islice(iterator, count), flags)
+    return _looking_ahead(iterator)
+
+
+def _looking_ahead(iterator: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+    batch = next(iterator, _END)
+    while batch is not _END:
+        following = next(iterator, _END)
+        yield batch, following is _END
+        batch = following

@@ -506,3 +506,26 @@ def test_gpu_check_stops_with_advice_where_there_is_no_gpu():
                          timeout=120, env=clean_env())  # fmt: skip
     assert out.returncode == 1
     assert "sees no CUDA GPU" in out.stdout and "GPU_PYTHON" in out.stdout
+
+
+def test_a_train_modules_attributes_resolve_as_on_any_nn_module():
+    """TrainModule looks up submodules first (one step less in every training_step); every kind of attribute
+    still resolves to the same object, and a missing one raises nn.Module's AttributeError."""
+
+    class Module(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(2, 2)
+            self.scale = nn.Parameter(torch.ones(1))
+            self.register_buffer("offset", torch.zeros(1))
+
+    module = Module()
+    assert module.net is module._modules["net"] and module.scale is module._parameters["scale"]
+    assert module.offset is module._buffers["offset"]
+    module.net = nn.Linear(2, 3)  # replaced through nn.Module.__setattr__: the new one is found
+    assert module.net.out_features == 3
+    with pytest.raises(AttributeError, match="'Module' object has no attribute 'missing'"):
+        module.missing
+    del module.net
+    with pytest.raises(AttributeError, match="no attribute 'net'"):
+        module.net

@@ -39,6 +39,15 @@ class TrainModule(nn.Module):
         self._hparams_initial: AttributeDict = AttributeDict()
         self.automatic_optimization: bool = True
 
+    def __getattr__(self, name: str) -> Any:
+        # nn.Module keeps submodules out of __dict__, so ``self.model`` in a training_step ends here; its own
+        # __getattr__ looks in parameters and buffers first. A name lives in only one of the three, so looking at
+        # submodules first finds the same object in fewer steps (a small but per-step cost a raw loop does not pay).
+        modules = self.__dict__.get("_modules")
+        if modules is not None and name in modules:
+            return modules[name]
+        return super().__getattr__(name)
+
     # ------------------------------------------------------------------ properties set by the trainer
     @property
     def trainer(self) -> Any:

@@ -145,6 +145,14 @@ def test_the_direct_step_and_the_layered_step_both_match_a_hand_written_loop():
         def on_before_backward(self, trainer, module, loss):
             pass
 
+    class RecordsOutputs(Callback):  # on_train_batch_end alone keeps the direct step; it gets {"loss": ...}
+        def __init__(self) -> None:
+            self.losses = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            assert not outputs["loss"].requires_grad
+            self.losses.append(float(outputs["loss"]))
+
     data = loader(n=48, batch_size=8)
 
     def make(params):
@@ -153,20 +161,25 @@ def test_the_direct_step_and_the_layered_step_both_match_a_hand_written_loop():
 
     reference = _mlp()
     [optimizer], [scheduler] = make(reference.parameters())
+    losses = []
     for _ in range(2):
         for x, y in data:
-            nn.functional.mse_loss(reference(x), y).backward()
+            loss = nn.functional.mse_loss(reference(x), y)
+            losses.append(loss.item())
+            loss.backward()
             optimizer.step()
             optimizer.zero_grad()
         scheduler.step()
 
-    for callbacks, direct in (([], True), ([Noop()], False)):
+    recorder = RecordsOutputs()
+    for callbacks, direct in (([], True), ([recorder], True), ([Noop(), RecordsOutputs()], False)):
         module = Wrapped(_mlp(), make)
         trainer = quiet_trainer(max_epochs=2, callbacks=callbacks)
         trainer.fit(module, data)
         assert trainer._optimization.plain is direct  # the path this case is meant to exercise
         assert trainer.global_step == 12
         _assert_same_weights(module.net, reference, atol=1e-6)
+    assert recorder.losses == pytest.approx(losses, abs=1e-6)
 
 
 def test_a_loader_without_length_ends_its_last_accumulation_window():

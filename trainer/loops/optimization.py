@@ -43,6 +43,11 @@ def extract_loss(output: Any) -> Optional[Tensor]:
     return loss
 
 
+def _outputs_with_loss(output: Any, loss: Tensor) -> dict[str, Any]:
+    """What ``on_train_batch_end`` gets, as in Lightning: ``{"loss": detached loss, **training_step's other keys}``."""
+    return {**output, "loss": loss.detach()} if isinstance(output, dict) else {"loss": loss.detach()}
+
+
 def _explain_backward_error(err: RuntimeError) -> None:
     """Raise a ConfigurationError saying why, for the backward error of a loss that has no graph."""
     if "does not require grad" in str(err):
@@ -105,12 +110,12 @@ class AutomaticOptimization:
         self.custom_step = _OverriddenStep(self) if overrides(module, TrainModule, "optimizer_step") else None
         self.custom_zero_grad = overrides(module, TrainModule, "optimizer_zero_grad")
         self.last_loss: Optional[Tensor] = None
-        # Nothing between training_step and the torch calls would act: no hook, clipping, custom step, scheduler
-        # stepped per step, per-step outputs, or strategy/precision layer (see Strategy.plain_steps).
+        # Nothing between training_step and the torch calls would act: no hook of the step, clipping, custom step,
+        # scheduler stepped per step, or strategy/precision layer (see Strategy.plain_steps).
         self.plain = (
             optimizer is not None and trainer.strategy.plain_steps and self.custom_step is None
             and not self.custom_zero_grad and not self.custom_clipping and not self.clip_val
-            and not self.report_outputs and not self.counter.step_schedulers
+            and not self.counter.step_schedulers
             and all(hook is None for hook in (self.before_backward, self.after_backward,
                                               self.before_optimizer_step, self.before_zero_grad))
         )  # fmt: skip
@@ -146,7 +151,7 @@ class AutomaticOptimization:
         output = strategy.training_step(batch, batch_idx) if self.pass_batch_idx else strategy.training_step(batch)
         loss = extract_loss(output)
         if self.report_outputs and loss is not None:
-            output = {**output, "loss": loss.detach()} if isinstance(output, dict) else {"loss": loss.detach()}
+            output = _outputs_with_loss(output, loss)
         if loss is not None and self.loss_check is not None:
             loss = self.loss_check(loss)
         if loss is not None:
@@ -173,6 +178,8 @@ class AutomaticOptimization:
         loss = output if output.__class__ is Tensor and not output.ndim else extract_loss(output)
         if loss is None:
             return output
+        if self.report_outputs:
+            output = _outputs_with_loss(output, loss)
         if self.loss_check is not None:
             loss = self.loss_check(loss)
             if loss is None:

@@ -126,9 +126,11 @@ class AutomaticOptimization:
         self.accumulate = accumulate
         if self.guard is not None:
             self.loss_check = self.guard.check  # how it checks is decided when the fit starts
-        training_step = self.strategy.module.training_step
+        if not (self.plain and accumulate == 1):
+            return self.run
+        training_step = self.strategy.module.training_step  # the module itself: plain strategies do not wrap it
         self._training_step = training_step if self.pass_batch_idx else (lambda batch, _: training_step(batch))
-        return self._run_plain if self.plain and accumulate == 1 else self.run
+        return self._run_plain
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
         if self.sync_context:

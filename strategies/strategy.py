@@ -168,8 +168,7 @@ class Strategy:
     def moves_batches(self) -> bool:
         """False when :meth:`batch_to_device` would return every batch as it is (the CPU, no input conversion),
         so a loop may skip the call. One set on the instance (a profiler's timing wrapper) is always called."""
-        overridden = "batch_to_device" in vars(self) or type(self).batch_to_device is not Strategy.batch_to_device
-        return overridden or self.root_device.type != "cpu" or self.precision.converts_input
+        return self._has_own("batch_to_device") or self.root_device.type != "cpu" or self.precision.converts_input
 
     @property
     def plain_steps(self) -> bool:
@@ -177,13 +176,16 @@ class Strategy:
         module's ``training_step``, ``loss.backward()`` and ``optimizer.step()`` (no wrapper, precision context,
         loss scaling or gradient synchronisation), so a loop may make those calls itself. A method set on the
         instance (a profiler's timing wrapper) makes it False."""
-        for name in ("training_step", "backward", "optimizer_step", "backward_sync"):
-            if name in vars(self) or getattr(type(self), name) is not getattr(Strategy, name):
-                return False
+        if any(self._has_own(name) for name in ("training_step", "backward", "optimizer_step", "backward_sync")):
+            return False
         precision = self.precision
         return (precision.plain_forward and precision.plain_backward and precision.plain_unscale
                 and "optimizer_step" not in vars(precision)
                 and type(precision).optimizer_step is Precision.optimizer_step)  # fmt: skip
+
+    def _has_own(self, name: str) -> bool:
+        """True when this strategy's class, or the instance itself, defines ``name`` differently from Strategy."""
+        return name in vars(self) or getattr(type(self), name) is not getattr(Strategy, name)
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move a batch to this process's device and convert it for the precision. On CUDA the copy runs on a

@@ -101,8 +101,8 @@ class FaultMonitor:
         self.due_step = 0
 
     def _on_signal(self, signum: int) -> None:
-        if self.trainer.world_size == 1:
-            self.due_step = 0  # act after the current step; several ranks wait for the agreed step
+        if self.trainer.world_size == 1:  # several ranks wait for the agreed step
+            self._check_after_this_step()
 
     # ------------------------------------------------------------------ check points
     def check(self) -> None:

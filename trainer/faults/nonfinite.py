@@ -45,7 +45,8 @@ class BadLoss:
 
 
 class NonFiniteGuard:
-    """Called with every automatic-optimisation loss; returns the loss, or ``None`` to skip the micro-batch."""
+    """Its :attr:`check` is called with every automatic-optimisation loss; it returns the loss, or ``None`` to skip
+    the micro-batch."""
 
     _CHUNK = 256  # losses stacked into one device tensor at a time
 
@@ -77,9 +78,6 @@ class NonFiniteGuard:
         self.found = None
         self.skipped = 0
 
-    def __call__(self, loss: Tensor) -> Optional[Tensor]:
-        return self.check(loss)
-
     def _record(self, loss: Tensor) -> Tensor:
         progress = self.progress
         pending = self._pending
@@ -89,9 +87,10 @@ class NonFiniteGuard:
         return loss
 
     def _read_now(self, loss: Tensor) -> Tensor:
-        if not isfinite(loss.item()) and self.found is None:
+        value = loss.item()
+        if not isfinite(value) and self.found is None:
             progress = self.progress
-            self.found = BadLoss(loss.item(), progress.global_step, progress.epoch, progress.batch_in_epoch)
+            self.found = BadLoss(value, progress.global_step, progress.epoch, progress.batch_in_epoch)
             if self.on_found is not None:
                 self.on_found()
         return loss

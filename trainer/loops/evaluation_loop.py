@@ -75,7 +75,7 @@ class EvaluationLoop:
                             break
                         if to_device is not None:
                             batch = to_device(batch)
-                        results.set_batch(batch)
+                        results.batch = batch  # its size is inferred only if a logged value needs it
                         if batch_start is not None:
                             batch_start(batch, batch_idx, dataloader_idx)
                         args = (batch, batch_idx, dataloader_idx)[:arity]

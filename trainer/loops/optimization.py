@@ -101,8 +101,8 @@ class AutomaticOptimization:
         self.custom_clipping = overrides(module, TrainModule, "configure_gradient_clipping")
         self.pass_batch_idx = takes_batch_idx(module.training_step)  # training_step(batch) is allowed, as in Lightning
         self.window_has_loss = False
-        self.guard = trainer._faults.guard  # its check records or reads the loss; None skips the micro-batch
-        self.loss_check = self.guard.check if self.guard is not None else None
+        self.guard = trainer._faults.guard
+        self.loss_check: Optional[Callable[[Tensor], Optional[Tensor]]] = None  # set by runner()
         # on_train_batch_end gets {"loss": detached loss, **other keys} as in Lightning; built only if it is used.
         self.report_outputs = hooks.caller(trainer, "on_train_batch_end") is not None
         self._before_step: Callable[[], None] = self._hooks_and_clipping
@@ -124,8 +124,8 @@ class AutomaticOptimization:
         """The step function for an epoch run with ``accumulate`` micro-batches per window: :meth:`run`, or the
         same step in fewer calls (:meth:`_run_plain`) when nothing between them would act."""
         self.accumulate = accumulate
-        if self.guard is not None:
-            self.loss_check = self.guard.check  # how it checks is decided when the fit starts
+        # The guard's check records or reads the loss (decided when the fit starts); None skips the micro-batch.
+        self.loss_check = self.guard.check if self.guard is not None else None
         if not (self.plain and accumulate == 1):
             return self.run
         training_step = self.strategy.module.training_step  # the module itself: plain strategies do not wrap it

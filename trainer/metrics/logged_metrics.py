@@ -198,10 +198,10 @@ class ResultCollection:
     def __init__(self, stage: str, strategy: Any) -> None:
         self.stage = stage
         self.training = stage == "train"
-        self.epoch_done = False
         self.epoch_level = False
+        self.epoch_done = False
         self.values: dict[str, LoggedValue] = {}
-        self.batch: Any = None
+        self.batch: Any = None  # the current batch: the loops set it before each step
         self._batch_size = 1
         self._sized_batch: Any = None  # the batch _batch_size is of (the reference keeps its id from being reused)
         self.dataloader_idx: Optional[int] = None  # set by evaluation loops with several dataloaders
@@ -209,11 +209,6 @@ class ResultCollection:
         self._reduce_fn = strategy.reduce
 
     # ------------------------------------------------------------------ hot path
-    def set_batch(self, batch: Any) -> None:
-        """Called by the loop before each step (or it sets ``batch``); the batch size is inferred only if a value
-        needs it."""
-        self.batch = batch
-
     def current_batch_size(self) -> int:
         """The size of the current batch, inferred once per batch."""
         batch = self.batch
@@ -258,7 +253,7 @@ class ResultCollection:
         options = (on_step, on_epoch, prog_bar, logger, reduce, sync_dist)
         if not isinstance(key, str) or not key:
             raise ConfigurationError(f"self.log(name={key!r}): the name must be a non-empty string.")
-        if on_step and self.epoch_level:
+        if on_step and epoch_level:
             raise ConfigurationError(
                 f"self.log({key!r}, on_step=True) was called from an epoch-level hook, where there is no step. "
                 "Use on_step=False (the default there)."

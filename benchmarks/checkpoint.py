@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import ModelCheckpoint
+from trainer.callbacks import ModelCheckpoint
 from trainer import Trainer, TrainModule
 
 WIDTH, LAYERS, BATCH, EVERY = 2048, 6, 32, 10

@@ -64,7 +64,7 @@ def hand_written(data: TensorDataset, steps: int, warmup: int) -> float:
 
 def with_trainer(data: TensorDataset, steps: int, warmup: int) -> float:
     """The same training through Trainer(strategy="ddp") joining the torchrun job; returns seconds per step."""
-    from callbacks import Callback
+    from trainer.callbacks import Callback
     from trainer import Trainer, TrainModule
 
     class MLP(TrainModule):

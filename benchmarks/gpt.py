@@ -13,7 +13,7 @@ Trainer, hand-written, ...) and each is timed from the end of its warm-up steps 
 synchronise at both ends), so machine load affects both alike; the ratios are medians of per-round ratios.
 
 Printed, one row per precision and mode: ms/iter of each side, Trainer/hand-written (target <= 1.01), tokens/s
-and MFU of the Trainer (peak from ``callbacks.flops.PEAK_FLOPS``, or ``--peak-flops``), compiled/eager (Trainer),
+and MFU of the Trainer (peak from ``trainer.callbacks.flops.PEAK_FLOPS``, or ``--peak-flops``), compiled/eager (Trainer),
 and the difference of the two sides' last losses (0 on the CPU in float32: the same computation).
 """
 from __future__ import annotations
@@ -35,8 +35,8 @@ from torch.utils.data import DataLoader, Dataset
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from callbacks import Callback  # noqa: E402
-from callbacks.flops import device_peak_flops  # noqa: E402
+from trainer.callbacks import Callback  # noqa: E402
+from trainer.callbacks.flops import device_peak_flops  # noqa: E402
 from trainer import Trainer, TrainModule  # noqa: E402
 
 

@@ -155,7 +155,7 @@ def main() -> None:
                 measure(f"{name} (defaults on)", args.repeats, lambda: run_trainer(sizes, loader, True, root),
                         lambda: run_raw(sizes, loader), steps)  # fmt: skip
             if args.monitor and name == "tiny":
-                from callbacks import ThroughputMonitor
+                from trainer.callbacks import ThroughputMonitor
 
                 def monitored(count_flops: bool) -> float:  # data_wait_threshold=1: no bottleneck advice printed
                     monitor = ThroughputMonitor(count_flops=count_flops, peak_flops=1e12, data_wait_threshold=1.0)

@@ -8,10 +8,10 @@ from typing import Any, Optional, Union
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from callbacks.callback import Callback
-from callbacks.lr_scaling import batch_scaling_factor, record_hparam, scale_learning_rates
-from callbacks.trial_steps import TrialSteps
-from strategies.errors import ConfigurationError
+from trainer.callbacks.callback import Callback
+from trainer.callbacks.lr_scaling import batch_scaling_factor, record_hparam, scale_learning_rates
+from trainer.callbacks.trial_steps import TrialSteps
+from trainer.strategies.errors import ConfigurationError
 
 
 _OOM_MARKERS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_SUPPORTED",
@@ -86,7 +86,7 @@ class BatchSizeFinder(Callback):
     The result is stored in :attr:`optimal_batch_size`, set on a module/datamodule attribute (and
     hyperparameter) named ``batch_arg_name`` when there is one, and the training data is rebuilt with it.
     ``scale_lr=True`` (or ``"linear"``/``"sqrt"``) scales learning rates for the change, see
-    :mod:`callbacks.lr_scaling`. Single device only; runs only on a fresh fit, not when resuming.
+    :mod:`trainer.callbacks.lr_scaling`. Single device only; runs only on a fresh fit, not when resuming.
     """
 
     def __init__(

@@ -4,9 +4,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from callbacks.callback import Callback
-from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_info, rank_zero_warn
+from trainer.callbacks.callback import Callback
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 
 
 class EarlyStopping(Callback):

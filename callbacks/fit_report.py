@@ -6,9 +6,9 @@ import time
 from datetime import timedelta
 from typing import Any, Optional
 
-from callbacks import memory_stats
-from callbacks.callback import Callback
-from callbacks.throughput_monitor import ThroughputMonitor
+from trainer.callbacks import memory_stats
+from trainer.callbacks.callback import Callback
+from trainer.callbacks.throughput_monitor import ThroughputMonitor
 
 
 class FitReport(Callback):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from callbacks.callback import Callback
-from strategies.errors import ConfigurationError
+from trainer.callbacks.callback import Callback
+from trainer.strategies.errors import ConfigurationError
 
 
 class GradientAccumulationScheduler(Callback):

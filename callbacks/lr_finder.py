@@ -7,10 +7,10 @@ import os
 import warnings
 from typing import Any, Optional
 
-from callbacks.callback import Callback
-from callbacks.lr_scaling import record_hparam, scale_learning_rates
-from callbacks.trial_steps import TrialSteps
-from strategies.errors import ConfigurationError
+from trainer.callbacks.callback import Callback
+from trainer.callbacks.lr_scaling import record_hparam, scale_learning_rates
+from trainer.callbacks.trial_steps import TrialSteps
+from trainer.strategies.errors import ConfigurationError
 from trainer.data.combined_loader import training_batches
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional
 
-from callbacks.callback import Callback
-from strategies.errors import ConfigurationError
+from trainer.callbacks.callback import Callback
+from trainer.strategies.errors import ConfigurationError
 
 
 class LearningRateMonitor(Callback):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Union
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 
 def batch_scaling_factor(old_batch_size: int, new_batch_size: int, rule: Union[bool, str]) -> float:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from callbacks import memory_stats
-from callbacks.callback import Callback
-from callbacks.logging_steps import LoggingSteps
-from callbacks.memory_stats import MB
+from trainer.callbacks import memory_stats
+from trainer.callbacks.callback import Callback
+from trainer.callbacks.logging_steps import LoggingSteps
+from trainer.callbacks.memory_stats import MB
 
 
 class MemoryMonitor(Callback):

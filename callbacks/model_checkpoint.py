@@ -13,7 +13,7 @@ it writes, so top-k continues correctly after a resume.
 Retention: beside the top-k, ``keep_last_n`` keeps the newest N checkpoints it saved. A file falls out only once
 the checkpoint that replaces it is complete, and ``last`` is pointed at a checkpoint only once it is complete:
 with ``asynchronous=True`` (the state is copied at the save and written in the background,
-:mod:`strategies.async_checkpoint`) both wait for the background write.
+:mod:`trainer.strategies.async_checkpoint`) both wait for the background write.
 """
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ from typing import Any, Optional, Union
 
 import torch
 
-from callbacks.callback import Callback
-from strategies import storage
-from strategies.checkpoint_io import atomic_link
-from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_info, rank_zero_warn
+from trainer.callbacks.callback import Callback
+from trainer.strategies import storage
+from trainer.strategies.checkpoint_io import atomic_link
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 _TIME_CHECK_STEPS = 10  # with several processes, the clock is compared (one broadcast) every this many steps

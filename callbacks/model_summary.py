@@ -7,8 +7,8 @@ from typing import Any
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from callbacks.callback import Callback
-from callbacks.memory_stats import MB
+from trainer.callbacks.callback import Callback
+from trainer.callbacks.memory_stats import MB
 
 
 @dataclass

@@ -5,7 +5,7 @@ import math
 import time
 from typing import Any, Optional
 
-from callbacks.callback import Callback
+from trainer.callbacks.callback import Callback
 
 
 def _total(value: float) -> Optional[float]:
@@ -58,7 +58,7 @@ class RichProgressBar(Callback):
         if self._display is None:
             from rich.console import Console
 
-            from callbacks.progress_display import make_display
+            from trainer.callbacks.progress_display import make_display
 
             console = self.console if self.console is not None else Console(**self.console_kwargs)
             self.console = console

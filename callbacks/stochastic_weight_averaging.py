@@ -11,9 +11,9 @@ import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 
-from callbacks.callback import Callback
-from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_info, rank_zero_warn
+from trainer.callbacks.callback import Callback
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 from trainer.data.combined_loader import training_batches
 from trainer.loops.optimizers import SchedulerConfig
 from trainer.reproducibility.seed import isolated_rng

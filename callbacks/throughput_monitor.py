@@ -6,11 +6,11 @@ import os
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from callbacks.callback import Callback
-from callbacks.flops import BatchFlopCounter, device_peak_flops
-from callbacks.logging_steps import LoggingSteps
-from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_warn
+from trainer.callbacks.callback import Callback
+from trainer.callbacks.flops import BatchFlopCounter, device_peak_flops
+from trainer.callbacks.logging_steps import LoggingSteps
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_warn
 
 _END = object()
 
@@ -32,10 +32,10 @@ class ThroughputMonitor(Callback):
     ``throughput/mfu`` (model FLOPs utilisation: achieved over peak FLOP/s); the whole fit's figures are in
     :attr:`summary` (the end-of-fit report shows them). Validation time is not counted as training time.
 
-    FLOPs are counted once per fit, on the first training batch (:class:`callbacks.flops.BatchFlopCounter`:
+    FLOPs are counted once per fit, on the first training batch (:class:`trainer.callbacks.flops.BatchFlopCounter`:
     forward and backward under ``torch.utils.flop_counter``), then scaled by the samples each window ran; after
     that the cost per batch is a few counters. ``count_flops=False`` skips it. The peak comes from
-    :data:`callbacks.flops.PEAK_FLOPS` for the GPU and precision in use, or from ``peak_flops`` (FLOP/s per
+    :data:`trainer.callbacks.flops.PEAK_FLOPS` for the GPU and precision in use, or from ``peak_flops`` (FLOP/s per
     device, e.g. ``989e12``), which the CPU needs for an MFU figure.
 
     When, after at least ``min_batches`` batches, more than ``data_wait_threshold`` of the time went to

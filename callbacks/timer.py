@@ -7,8 +7,8 @@ import time
 from datetime import timedelta
 from typing import Any, Optional, Union
 
-from callbacks.callback import Callback
-from strategies.errors import ConfigurationError
+from trainer.callbacks.callback import Callback
+from trainer.strategies.errors import ConfigurationError
 
 _DHMS = re.compile(r"^(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})$")
 #: In multi-process runs the ranks agree on stopping (one broadcast) only every this many steps.

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer.loops.step_signature import takes_batch_idx
 
 

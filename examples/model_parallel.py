@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from strategies import ModelParallelStrategy
+from trainer.strategies import ModelParallelStrategy
 from trainer import Trainer, TrainModule, seed_everything
 
 VOCAB, LENGTH, START = 10, 8, 10  # digits 0-9, sequences of 8, a start token for the decoder

@@ -6,8 +6,8 @@ import csv
 import os
 from typing import Any, Optional, Union
 
-from loggers.run_folder import FolderLogger, plain_value, save_hparams_yaml
-from strategies.rank import rank_zero_only
+from trainer.loggers.run_folder import FolderLogger, plain_value, save_hparams_yaml
+from trainer.strategies.rank import rank_zero_only
 
 
 class CSVLogger(FolderLogger):

@@ -9,9 +9,9 @@ import re
 import time
 from typing import Any, Optional
 
-from loggers.logger import Logger
-from loggers.run_folder import flatten_params
-from strategies.rank import rank_zero_only
+from trainer.loggers.logger import Logger
+from trainer.loggers.run_folder import flatten_params
+from trainer.strategies.rank import rank_zero_only
 
 _STATUS = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 _BAD_KEY_CHARS = re.compile(r"[^\w\-./ ]")  # MLflow accepts alphanumerics, _ - . / and space

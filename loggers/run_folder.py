@@ -5,8 +5,8 @@ import os
 import re
 from typing import Any, Mapping, Optional, Union
 
-from loggers.logger import Logger
-from strategies.rank import rank_zero_only
+from trainer.loggers.logger import Logger
+from trainer.strategies.rank import rank_zero_only
 
 _VERSION = re.compile(r"^version_(\d+)$")
 

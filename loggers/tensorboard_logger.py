@@ -7,8 +7,8 @@ import time
 import warnings
 from typing import Any, Optional, Union
 
-from loggers.run_folder import FolderLogger, flatten_params, plain_value, save_hparams_yaml
-from strategies.rank import rank_zero_only
+from trainer.loggers.run_folder import FolderLogger, flatten_params, plain_value, save_hparams_yaml
+from trainer.strategies.rank import rank_zero_only
 
 # An interrupted run (Ctrl-C, a stop signal) may be resumed: the dashboard shows it as still running.
 _STATUS = {"success": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "interrupted": "STATUS_RUNNING"}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from loggers.logger import Logger
-from loggers.run_folder import flatten_params
-from strategies.rank import rank_zero_only
+from trainer.loggers.logger import Logger
+from trainer.loggers.run_folder import flatten_params
+from trainer.strategies.rank import rank_zero_only
 
 
 class WandbLogger(Logger):

@@ -2,46 +2,51 @@
 
 This package never imports ``trainer``, ``callbacks`` or ``loggers``; it is the bottom layer. The
 multi-process strategies and cluster environments are imported when their name is first used
-(``from strategies import DDPStrategy``), so ``import trainer`` does not pay for torch.distributed wrappers
+(``from trainer.strategies import DDPStrategy``), so ``import trainer`` does not pay for torch.distributed wrappers
 a single-device run never touches.
 """
 from __future__ import annotations
 
+if __name__ == "strategies":  # the short name, from a source checkout: one module tree, under trainer.strategies
+    from trainer._source_layout import alias_short_name
+
+    alias_short_name(__name__)
+
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from strategies.errors import ConfigurationError, HangError, RankFailedError
-from strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
-from strategies.registry import register_strategy, strategy_names
-from strategies.single_device import SingleDeviceStrategy
-from strategies.strategy import Strategy
+from trainer.strategies.errors import ConfigurationError, HangError, RankFailedError
+from trainer.strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from trainer.strategies.registry import register_strategy, strategy_names
+from trainer.strategies.single_device import SingleDeviceStrategy
+from trainer.strategies.strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
-    from strategies.checkpoint_io import CheckpointError, CheckpointIO  # noqa: F401
-    from strategies.ddp import DDPStrategy  # noqa: F401
-    from strategies.deepspeed import DeepSpeedStrategy  # noqa: F401
-    from strategies.dp import DataParallelStrategy  # noqa: F401
-    from strategies.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment  # noqa: F401
-    from strategies.fsdp import FSDPStrategy  # noqa: F401
-    from strategies.model_parallel import ModelParallelStrategy  # noqa: F401
-    from strategies.nd_parallel import NDParallelStrategy  # noqa: F401
-    from strategies.zero import Zero1Strategy, Zero2Strategy, ZeroStrategy  # noqa: F401
+    from trainer.strategies.checkpoint_io import CheckpointError, CheckpointIO  # noqa: F401
+    from trainer.strategies.ddp import DDPStrategy  # noqa: F401
+    from trainer.strategies.deepspeed import DeepSpeedStrategy  # noqa: F401
+    from trainer.strategies.dp import DataParallelStrategy  # noqa: F401
+    from trainer.strategies.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment  # noqa: F401
+    from trainer.strategies.fsdp import FSDPStrategy  # noqa: F401
+    from trainer.strategies.model_parallel import ModelParallelStrategy  # noqa: F401
+    from trainer.strategies.nd_parallel import NDParallelStrategy  # noqa: F401
+    from trainer.strategies.zero import Zero1Strategy, Zero2Strategy, ZeroStrategy  # noqa: F401
 
 _LAZY = {
-    "CheckpointError": "strategies.checkpoint_io",
-    "CheckpointIO": "strategies.checkpoint_io",
-    "DDPStrategy": "strategies.ddp",
-    "DeepSpeedStrategy": "strategies.deepspeed",
-    "DataParallelStrategy": "strategies.dp",
-    "FSDPStrategy": "strategies.fsdp",
-    "LocalEnvironment": "strategies.environments",
-    "ModelParallelStrategy": "strategies.model_parallel",
-    "NDParallelStrategy": "strategies.nd_parallel",
-    "SLURMEnvironment": "strategies.environments",
-    "TorchElasticEnvironment": "strategies.environments",
-    "Zero1Strategy": "strategies.zero",
-    "Zero2Strategy": "strategies.zero",
-    "ZeroStrategy": "strategies.zero",
+    "CheckpointError": "trainer.strategies.checkpoint_io",
+    "CheckpointIO": "trainer.strategies.checkpoint_io",
+    "DDPStrategy": "trainer.strategies.ddp",
+    "DeepSpeedStrategy": "trainer.strategies.deepspeed",
+    "DataParallelStrategy": "trainer.strategies.dp",
+    "FSDPStrategy": "trainer.strategies.fsdp",
+    "LocalEnvironment": "trainer.strategies.environments",
+    "ModelParallelStrategy": "trainer.strategies.model_parallel",
+    "NDParallelStrategy": "trainer.strategies.nd_parallel",
+    "SLURMEnvironment": "trainer.strategies.environments",
+    "TorchElasticEnvironment": "trainer.strategies.environments",
+    "Zero1Strategy": "trainer.strategies.zero",
+    "Zero2Strategy": "trainer.strategies.zero",
+    "ZeroStrategy": "trainer.strategies.zero",
 }
 
 __all__ = [
@@ -63,7 +68,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'strategies' has no attribute {name!r}")
+    raise AttributeError(f"module 'trainer.strategies' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import torch
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 

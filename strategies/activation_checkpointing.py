@@ -16,7 +16,7 @@ from typing import Any, Iterable, Union
 
 from torch import nn
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 BlockClasses = Union[None, str, type, Iterable[Union[str, type]]]
 

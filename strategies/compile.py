@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from torch import nn
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 COMPILE_OPTIONS = ("mode", "dynamic", "fullgraph", "backend", "options")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

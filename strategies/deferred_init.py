@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 
 class SkipInit(TorchFunctionMode):

@@ -21,7 +21,7 @@ from typing import Any, Sequence, Union
 import torch
 from torch import nn
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 Budget = Union[None, int, str, Sequence[Union[int, str, None]]]
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

@@ -19,9 +19,9 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from strategies.errors import ConfigurationError
-from strategies.precision import Precision
-from strategies.strategy import Strategy
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.precision import Precision
+from trainer.strategies.strategy import Strategy
 
 
 class _TrainingStep(nn.Module):

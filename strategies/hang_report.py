@@ -24,7 +24,7 @@ import os
 import re
 from typing import Any, Optional
 
-from strategies.errors import HangError
+from trainer.strategies.errors import HangError
 
 #: After the first step, a collective that waits this long is a hang (seconds; ``train_timeout`` changes it).
 DEFAULT_TRAIN_TIMEOUT_S = 300.0

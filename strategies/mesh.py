@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 ROLES = ("pp", "dp_replicate", "dp_shard", "tp")
 Size = Union[int, str]

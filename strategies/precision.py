@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch.amp.grad_scaler import OptState
 from torch.optim import Optimizer
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 _NULL_CONTEXT = contextlib.nullcontext()
 

@@ -4,31 +4,31 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from strategies.errors import ConfigurationError
-from strategies.strategy import Strategy
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.strategy import Strategy
 
 # name: (module, class, constructor kwargs, what to install when missing)
 _REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
-    "single_device": ("strategies.single_device", "SingleDeviceStrategy", {}, ""),
-    "dp": ("strategies.dp", "DataParallelStrategy", {}, ""),
-    "ddp": ("strategies.ddp", "DDPStrategy", {"start_method": "popen"}, ""),
-    "ddp_spawn": ("strategies.ddp", "DDPStrategy", {"start_method": "spawn"}, ""),
-    "zero1": ("strategies.zero", "Zero1Strategy", {}, ""),
-    "zero2": ("strategies.zero", "Zero2Strategy", {}, ""),
-    "fsdp": ("strategies.fsdp", "FSDPStrategy", {}, ""),
-    "model_parallel": ("strategies.model_parallel", "ModelParallelStrategy", {}, ""),
-    "nd_parallel": ("strategies.nd_parallel", "NDParallelStrategy", {}, ""),
-    "deepspeed": ("strategies.deepspeed", "DeepSpeedStrategy", {}, "deepspeed"),
+    "single_device": ("trainer.strategies.single_device", "SingleDeviceStrategy", {}, ""),
+    "dp": ("trainer.strategies.dp", "DataParallelStrategy", {}, ""),
+    "ddp": ("trainer.strategies.ddp", "DDPStrategy", {"start_method": "popen"}, ""),
+    "ddp_spawn": ("trainer.strategies.ddp", "DDPStrategy", {"start_method": "spawn"}, ""),
+    "zero1": ("trainer.strategies.zero", "Zero1Strategy", {}, ""),
+    "zero2": ("trainer.strategies.zero", "Zero2Strategy", {}, ""),
+    "fsdp": ("trainer.strategies.fsdp", "FSDPStrategy", {}, ""),
+    "model_parallel": ("trainer.strategies.model_parallel", "ModelParallelStrategy", {}, ""),
+    "nd_parallel": ("trainer.strategies.nd_parallel", "NDParallelStrategy", {}, ""),
+    "deepspeed": ("trainer.strategies.deepspeed", "DeepSpeedStrategy", {}, "deepspeed"),
     # Lightning's spellings of common set-ups
-    "ddp_find_unused_parameters_true": ("strategies.ddp", "DDPStrategy", {"find_unused_parameters": True}, ""),
-    "ddp_fork": ("strategies.ddp", "DDPStrategy", {"start_method": "fork"}, ""),
-    "ddp_notebook": ("strategies.ddp", "DDPStrategy", {"start_method": "fork"}, ""),
-    "deepspeed_stage_1": ("strategies.deepspeed", "DeepSpeedStrategy", {"stage": 1}, "deepspeed"),
-    "deepspeed_stage_2": ("strategies.deepspeed", "DeepSpeedStrategy", {"stage": 2}, "deepspeed"),
-    "deepspeed_stage_2_offload": ("strategies.deepspeed", "DeepSpeedStrategy", {"stage": 2, "offload_optimizer": True},
+    "ddp_find_unused_parameters_true": ("trainer.strategies.ddp", "DDPStrategy", {"find_unused_parameters": True}, ""),
+    "ddp_fork": ("trainer.strategies.ddp", "DDPStrategy", {"start_method": "fork"}, ""),
+    "ddp_notebook": ("trainer.strategies.ddp", "DDPStrategy", {"start_method": "fork"}, ""),
+    "deepspeed_stage_1": ("trainer.strategies.deepspeed", "DeepSpeedStrategy", {"stage": 1}, "deepspeed"),
+    "deepspeed_stage_2": ("trainer.strategies.deepspeed", "DeepSpeedStrategy", {"stage": 2}, "deepspeed"),
+    "deepspeed_stage_2_offload": ("trainer.strategies.deepspeed", "DeepSpeedStrategy", {"stage": 2, "offload_optimizer": True},
                                   "deepspeed"),
-    "deepspeed_stage_3": ("strategies.deepspeed", "DeepSpeedStrategy", {"stage": 3}, "deepspeed"),
-    "deepspeed_stage_3_offload": ("strategies.deepspeed", "DeepSpeedStrategy",
+    "deepspeed_stage_3": ("trainer.strategies.deepspeed", "DeepSpeedStrategy", {"stage": 3}, "deepspeed"),
+    "deepspeed_stage_3_offload": ("trainer.strategies.deepspeed", "DeepSpeedStrategy",
                                   {"stage": 3, "offload_optimizer": True, "offload_parameters": True}, "deepspeed"),
 }
 

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies.errors import ConfigurationError
-from strategies.sharded_checkpoint import is_dtensor
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.sharded_checkpoint import is_dtensor
 
 
 BUCKET_BYTES = 32 * 2**20  # full-parameter bytes gathered per collective (DDP buckets gradients by 25 MiB)

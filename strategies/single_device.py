@@ -5,9 +5,9 @@ from typing import Optional
 
 import torch
 
-from strategies.errors import ConfigurationError
-from strategies.precision import Precision
-from strategies.strategy import Strategy
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.precision import Precision
+from trainer.strategies.strategy import Strategy
 
 
 class SingleDeviceStrategy(Strategy):

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Optional
 
 from torch import nn
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 
 def resolve_tp_plan(module: nn.Module, plan: Any) -> dict[str, Any]:

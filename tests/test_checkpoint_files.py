@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ckpt_support import TinyRegressor, loaders, make_trainer
-from strategies.checkpoint_io import CheckpointError, atomic_link, atomic_save, safe_load
-from strategies.errors import ConfigurationError
+from trainer.strategies.checkpoint_io import CheckpointError, atomic_link, atomic_save, safe_load
+from trainer.strategies.errors import ConfigurationError
 
 
 class Payload:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from strategies import ConfigurationError
+from trainer.strategies import ConfigurationError
 from test_ddp_processes import Job, clean_env
 from test_resume_exact import KILLED, SCRIPT as RESUMABLE, assert_same_weights, run_here
 from trainer import CombinedLoader, Trainer, TrainModule
@@ -158,7 +158,7 @@ def test_a_fit_on_combined_loaders_killed_mid_epoch_resumes_to_the_same_weights(
 
 
 def test_the_learning_rate_finder_steps_on_combined_batches_with_a_short_training_step():
-    from callbacks import LearningRateFinder
+    from trainer.callbacks import LearningRateFinder
 
     class Regression(Seen):
         def __init__(self):

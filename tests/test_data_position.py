@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from callbacks import Callback, ModelCheckpoint
+from trainer.callbacks import Callback, ModelCheckpoint
 from ckpt_support import TinyRegressor, make_trainer, same_weights
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset, WeightedRandomSampler
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer.data.loaders import prepare_loader
 from trainer.data.distributed import EvaluationDistributedSampler, distribute_loader
 

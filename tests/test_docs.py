@@ -6,7 +6,7 @@ import inspect
 import re
 from pathlib import Path
 
-from callbacks.callback import CALLBACK_HOOKS
+from trainer.callbacks.callback import CALLBACK_HOOKS
 from trainer import Trainer, TrainModule
 
 ROOT = Path(__file__).resolve().parents[1]

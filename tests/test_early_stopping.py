@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from callbacks import EarlyStopping, ModelCheckpoint
+from trainer.callbacks import EarlyStopping, ModelCheckpoint
 from ckpt_support import TinyRegressor, loaders, make_trainer
-from strategies import SingleDeviceStrategy
-from strategies.errors import ConfigurationError
+from trainer.strategies import SingleDeviceStrategy
+from trainer.strategies.errors import ConfigurationError
 
 
 def fit(root: Path, scores: list[float], *callbacks, ckpt_path=None, **kwargs):

@@ -17,8 +17,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from helpers import regression_data
-from strategies import ConfigurationError, DDPStrategy
-from strategies.checkpoint_io import CheckpointError
+from trainer.strategies import ConfigurationError, DDPStrategy
+from trainer.strategies.checkpoint_io import CheckpointError
 from trainer import Engine, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from callbacks import Callback, ModelCheckpoint
+from trainer.callbacks import Callback, ModelCheckpoint
 from ckpt_support import TinyRegressor, loaders, make_trainer, same_weights
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer.faults.nonfinite import NonFiniteLossError
 
 

@@ -11,10 +11,10 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 from ui_fixtures import blobs, quiet_trainer
 
-from callbacks import BatchSizeFinder, Callback, LearningRateFinder
-from callbacks.lr_scaling import batch_scaling_factor
-from callbacks.trial_steps import TrialSteps
-from strategies.errors import ConfigurationError
+from trainer.callbacks import BatchSizeFinder, Callback, LearningRateFinder
+from trainer.callbacks.lr_scaling import batch_scaling_factor
+from trainer.callbacks.trial_steps import TrialSteps
+from trainer.strategies.errors import ConfigurationError
 from trainer import TrainModule
 
 

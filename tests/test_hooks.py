@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from callbacks import Callback
+from trainer.callbacks import Callback
 from helpers import Regressor, loader, quiet_trainer
 
 MODULE_HOOKS = [

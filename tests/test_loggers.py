@@ -16,9 +16,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from ui_fixtures import TinyModule, loader, quiet_trainer
 
-import loggers
-from loggers import CSVLogger, TensorBoardLogger
-from strategies.rank import rank_zero_only
+import trainer.loggers as loggers
+from trainer.loggers import CSVLogger, TensorBoardLogger
+from trainer.strategies.rank import rank_zero_only
 
 
 def read_events(log_dir: str) -> EventAccumulator:
@@ -178,7 +178,7 @@ DDP_SCRIPT = textwrap.dedent("""
     import sys
     sys.path[:0] = [{root!r}, {tests!r}]
     from ui_fixtures import TinyModule, loader
-    from loggers import CSVLogger, TensorBoardLogger
+    from trainer.loggers import CSVLogger, TensorBoardLogger
     from trainer import Trainer
     if __name__ == "__main__":
         trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, log_every_n_steps=1,
@@ -189,8 +189,7 @@ DDP_SCRIPT = textwrap.dedent("""
 
 
 def test_under_two_rank_ddp_only_rank_zero_writes(tmp_path):
-    import strategies
-
+    import trainer.strategies as strategies
     if not hasattr(strategies, "DDPStrategy"):
         pytest.skip("strategies.DDPStrategy is not built yet (issue 4); enable this test once DDP is merged")
     out = tmp_path / "runs"

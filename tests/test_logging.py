@@ -10,7 +10,7 @@ import torchmetrics
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers import Regressor, loader, quiet_trainer
-from loggers import Logger
+from trainer.loggers import Logger
 from trainer import ConfigurationError
 
 

@@ -139,7 +139,7 @@ def test_max_steps_stops_mid_epoch_and_limit_train_batches():
 def test_the_direct_step_and_the_layered_step_both_match_a_hand_written_loop():
     """With nothing between training_step and the torch calls the loop makes them itself; a callback hook in
     between puts the strategy/precision layers back. Both give the hand-written loop's weights."""
-    from callbacks import Callback
+    from trainer.callbacks import Callback
 
     class Noop(Callback):
         def on_before_backward(self, trainer, module, loss):

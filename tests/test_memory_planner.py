@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from strategies import ConfigurationError
+from trainer.strategies import ConfigurationError
 from trainer.memory.planner import estimate, report
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from callbacks import ModelCheckpoint
+from trainer.callbacks import ModelCheckpoint
 from ckpt_support import TinyRegressor, loaders, make_trainer
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 
 def files(folder: Path) -> list[str]:

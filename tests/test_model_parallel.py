@@ -8,9 +8,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from callbacks import Callback
-from strategies import ConfigurationError, ModelParallelStrategy
-from strategies.device_map import plan_device_map, resolve_device_map, tensor_devices
+from trainer.callbacks import Callback
+from trainer.strategies import ConfigurationError, ModelParallelStrategy
+from trainer.strategies.device_map import plan_device_map, resolve_device_map, tensor_devices
 from tests.helpers import quiet_trainer, regression_data
 from trainer import TrainModule
 from trainer.memory.planner import estimate

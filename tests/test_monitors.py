@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from ui_fixtures import SlowDataset, TinyModule, blobs, loader, quiet_trainer
 
-from callbacks import (
+from trainer.callbacks import (
     Callback,
     GradientAccumulationScheduler,
     LearningRateMonitor,
@@ -22,9 +22,9 @@ from callbacks import (
     ThroughputMonitor,
     Timer,
 )
-from callbacks.timer import parse_duration
-from loggers import CSVLogger
-from strategies.errors import ConfigurationError
+from trainer.callbacks.timer import parse_duration
+from trainer.loggers import CSVLogger
+from trainer.strategies.errors import ConfigurationError
 from trainer import TrainModule
 
 

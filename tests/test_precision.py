@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from strategies import ConfigurationError, DoublePrecision, HalfPrecision, MixedPrecision, Precision
-from strategies.precision import precision_plugin
+from trainer.strategies import ConfigurationError, DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from trainer.strategies.precision import precision_plugin
 from trainer import Trainer, TrainModule
 
 DEVICES = [

@@ -9,8 +9,8 @@ from rich.console import Console
 from torch import nn
 from ui_fixtures import TinyModule, loader, quiet_trainer
 
-from callbacks import Callback, FitReport, ModelCheckpoint, ModelSummary, RichProgressBar, ThroughputMonitor
-from callbacks.model_summary import summarize
+from trainer.callbacks import Callback, FitReport, ModelCheckpoint, ModelSummary, RichProgressBar, ThroughputMonitor
+from trainer.callbacks.model_summary import summarize
 from trainer import Trainer
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from strategies.checkpoint_io import CheckpointError, atomic_link, remove_checkpoint
-from strategies.sharded_checkpoint import (
+from trainer.strategies.checkpoint_io import CheckpointError, atomic_link, remove_checkpoint
+from trainer.strategies.sharded_checkpoint import (
     META_FILE,
     is_sharded_checkpoint,
     load_full,
@@ -19,7 +19,7 @@ from strategies.sharded_checkpoint import (
     optimizer_state_by_name,
     save_sharded,
 )
-from strategies.strategy import Strategy
+from trainer.strategies.strategy import Strategy
 from trainer.cli import main as trainer_main
 
 

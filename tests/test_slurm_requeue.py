@@ -9,9 +9,9 @@ import sys
 import pytest
 from helpers import Regressor, loader, quiet_trainer
 
-from callbacks import Callback
-from strategies.environments import SLURMEnvironment
-from strategies.errors import ConfigurationError
+from trainer.callbacks import Callback
+from trainer.strategies.environments import SLURMEnvironment
+from trainer.strategies.errors import ConfigurationError
 from trainer.faults import slurm_requeue
 
 

@@ -17,11 +17,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, ModelCheckpoint, ThroughputMonitor
-from callbacks.flops import PEAK_FLOPS, peak_flops
+from trainer.callbacks import Callback, ModelCheckpoint, ThroughputMonitor
+from trainer.callbacks.flops import PEAK_FLOPS, peak_flops
 from helpers import Regressor, loader, quiet_trainer
-from strategies import ConfigurationError
-from strategies.activation_checkpointing import SavedTensorBytes, apply_activation_checkpointing
+from trainer.strategies import ConfigurationError
+from trainer.strategies.activation_checkpointing import SavedTensorBytes, apply_activation_checkpointing
 from test_ddp_processes import Job, clean_env
 from trainer import Engine, TrainModule
 from trainer.profiler.profilers import PyTorchProfiler, SimpleProfiler
@@ -416,7 +416,7 @@ def test_batches_on_the_cpu_are_passed_through_untouched():
 
 
 def test_a_strategy_that_moves_batches_its_own_way_is_called_for_every_batch(tmp_path):
-    from strategies import SingleDeviceStrategy
+    from trainer.strategies import SingleDeviceStrategy
 
     class Scaling(SingleDeviceStrategy):
         """Doubles every input: a stand-in for a user strategy with its own transfer."""
@@ -442,7 +442,7 @@ def test_a_strategy_that_moves_batches_its_own_way_is_called_for_every_batch(tmp
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the side-stream copy needs one")
 def test_cuda_batches_are_copied_on_a_side_stream_and_match_the_host_data(tmp_path):
-    from strategies import SingleDeviceStrategy
+    from trainer.strategies import SingleDeviceStrategy
 
     strategy = SingleDeviceStrategy("cuda:0")
     strategy.setup_environment()

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from callbacks import Callback
+from trainer.callbacks import Callback
 from helpers import Regressor, loader, quiet_trainer, regression_data
 from trainer import DataModule, TrainModule, seed_everything
 

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 
-from callbacks import Callback, ModelCheckpoint, StochasticWeightAveraging
+from trainer.callbacks import Callback, ModelCheckpoint, StochasticWeightAveraging
 from helpers import loader, quiet_trainer
 from launching import finish, start
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from test_ddp_processes import clean_env
 from trainer import TrainModule
 
@@ -203,7 +203,7 @@ def test_unusable_fit_configurations_raise_clear_errors(module, trainer_kwargs, 
 _SHARDED_FIT = """
 import sys, torch
 from torch.utils.data import DataLoader, TensorDataset
-from callbacks import StochasticWeightAveraging
+from trainer.callbacks import StochasticWeightAveraging
 from trainer import Trainer, TrainModule
 
 class Net(TrainModule):

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer import Trainer
 from trainer.config.yaml_config import ENV_ARGS, ENV_CONFIG, load_config
 
@@ -46,7 +46,7 @@ trainer:
   callbacks:
     - class_path: callbacks.Callback
 """)
-    from callbacks import Callback
+    from trainer.callbacks import Callback
 
     trainer = Trainer.from_config(cfg, **QUIET)
     assert sum(type(cb) is Callback for cb in trainer.callbacks) == 1

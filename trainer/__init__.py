@@ -5,8 +5,12 @@
 """
 from typing import Any
 
-from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_info, rank_zero_only, rank_zero_warn
+from trainer._source_layout import install as _install_source_layout
+
+_install_source_layout()  # before anything imports trainer.strategies and friends
+
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_info, rank_zero_only, rank_zero_warn
 from trainer.data.combined_loader import CombinedLoader
 from trainer.module.datamodule import DataModule
 from trainer.module.train_module import TrainModule

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Iterable, Optional
 
-from callbacks.callback import CALLBACK_HOOKS, Callback
+from trainer.callbacks.callback import CALLBACK_HOOKS, Callback
 from trainer.module.overrides import overrides
 from trainer.module.train_module import TrainModule
 

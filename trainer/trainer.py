@@ -11,14 +11,14 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, 
 
 import torch
 
-from callbacks.callback import Callback
-from loggers.logger import Logger
-from strategies.connector import build_strategy
-from strategies.activation_checkpointing import apply_activation_checkpointing, check_block_classes
-from strategies.compile import check_compile
-from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_warn
-from strategies.strategy import Strategy
+from trainer.callbacks.callback import Callback
+from trainer.loggers.logger import Logger
+from trainer.strategies.connector import build_strategy
+from trainer.strategies.activation_checkpointing import apply_activation_checkpointing, check_block_classes
+from trainer.strategies.compile import check_compile
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_warn
+from trainer.strategies.strategy import Strategy
 from trainer.data import loaders as data_utils
 from trainer.checkpoint import auto_resume
 from trainer.faults import slurm_requeue

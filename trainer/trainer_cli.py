@@ -35,8 +35,8 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-from callbacks.callback import Callback
-from strategies.errors import ConfigurationError
+from trainer.callbacks.callback import Callback
+from trainer.strategies.errors import ConfigurationError
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 _DATA_ARGUMENTS = {"model", "train_dataloaders", "val_dataloaders", "dataloaders", "datamodule"}

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from strategies.environments.base import ClusterEnvironment
-from strategies.environments.local import LocalEnvironment
-from strategies.environments.slurm import SLURMEnvironment, expand_nodelist
-from strategies.environments.torchelastic import TorchElasticEnvironment
+from trainer.strategies.environments.base import ClusterEnvironment
+from trainer.strategies.environments.local import LocalEnvironment
+from trainer.strategies.environments.slurm import SLURMEnvironment, expand_nodelist
+from trainer.strategies.environments.torchelastic import TorchElasticEnvironment
 
 __all__ = [
     "ClusterEnvironment",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 
 def env_int(name: str, default: int | None = None) -> int:

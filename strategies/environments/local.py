@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 import socket
 
-from strategies.environments.base import ClusterEnvironment, env_int
-from strategies.errors import ConfigurationError
+from trainer.strategies.environments.base import ClusterEnvironment, env_int
+from trainer.strategies.errors import ConfigurationError
 
 DEFAULT_MULTI_NODE_PORT = 29500
 

@@ -8,8 +8,8 @@ import signal
 import subprocess
 from typing import Optional, Union
 
-from strategies.environments.base import ClusterEnvironment, env_int
-from strategies.errors import ConfigurationError
+from trainer.strategies.environments.base import ClusterEnvironment, env_int
+from trainer.strategies.errors import ConfigurationError
 
 _INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 REQUEUE_COMMAND_VARIABLE = "TRAINER_REQUEUE_COMMAND"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from strategies.environments.base import ClusterEnvironment, env_int
-from strategies.errors import ConfigurationError
+from trainer.strategies.environments.base import ClusterEnvironment, env_int
+from trainer.strategies.errors import ConfigurationError
 
 
 class TorchElasticEnvironment(ClusterEnvironment):

@@ -22,8 +22,8 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from strategies.environments.local import LocalEnvironment, find_free_port
-from strategies.errors import ConfigurationError, RankFailedError
+from trainer.strategies.environments.local import LocalEnvironment, find_free_port
+from trainer.strategies.errors import ConfigurationError, RankFailedError
 
 #: After one rank fails, the others get this long to stop by themselves before SIGTERM (then SIGKILL).
 GRACE_PERIOD_S = 5.0

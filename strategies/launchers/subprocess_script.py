@@ -17,8 +17,8 @@ from typing import Any, Callable, Optional
 
 from torch.distributed import DistError
 
-from strategies.environments.local import LocalEnvironment
-from strategies.errors import ConfigurationError, RankFailedError
+from trainer.strategies.environments.local import LocalEnvironment
+from trainer.strategies.errors import ConfigurationError, RankFailedError
 
 POLL_INTERVAL_S = 0.2
 #: How long a rank whose collective lost its peer waits to learn which rank exited.

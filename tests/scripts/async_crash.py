@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from ckpt_support import TinyRegressor, loaders, make_trainer  # noqa: E402
 
-from callbacks import ModelCheckpoint  # noqa: E402
+from trainer.callbacks import ModelCheckpoint  # noqa: E402
 
 real_save = torch.save
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback
+from trainer.callbacks import Callback
 from trainer import Trainer, TrainModule
 
 faulthandler.dump_traceback_later(170, exit=True)  # a hang fails the test with stacks, not a blocked suite

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from callbacks import Callback  # noqa: E402
-from loggers import Logger  # noqa: E402
+from trainer.callbacks import Callback  # noqa: E402
+from trainer.loggers import Logger  # noqa: E402
 from trainer import Trainer, TrainModule  # noqa: E402
 
 N_TRAIN, N_VAL, BATCH, ACCUMULATE, EPOCHS, LR = 48, 7, 3, 2, 2, 0.1
@@ -163,13 +163,13 @@ def main() -> None:
 
     strategy = args.strategy
     if args.ddp_options:
-        from strategies import DDPStrategy
+        from trainer.strategies import DDPStrategy
 
         strategy = DDPStrategy(find_unused_parameters=True, gradient_as_bucket_view=True, timeout=60)
     probe = WrapperProbe()
     callbacks: list = [probe]
     if args.fit_val:  # also keep the best checkpoint by val_loss (its bookkeeping must reach a ddp_spawn caller)
-        from callbacks import ModelCheckpoint
+        from trainer.callbacks import ModelCheckpoint
 
         callbacks.append(ModelCheckpoint(monitor="val_loss", save_top_k=2))
     with warnings.catch_warnings(record=True) as caught:

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for helpers
 from helpers import Regressor, regression_data  # noqa: E402
 
-from callbacks import ModelCheckpoint  # noqa: E402
+from trainer.callbacks import ModelCheckpoint  # noqa: E402
 from trainer import Trainer  # noqa: E402
 
 STEPS, KILL_AT, EVERY = 20, 17, 5

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for helpers
 from helpers import Regressor, regression_data  # noqa: E402
 
-from strategies import DDPStrategy  # noqa: E402
+from trainer.strategies import DDPStrategy  # noqa: E402
 from trainer import Trainer  # noqa: E402
 
 

@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from callbacks import Callback  # noqa: E402
-from strategies import ConfigurationError, ModelParallelStrategy, NDParallelStrategy  # noqa: E402
+from trainer.callbacks import Callback  # noqa: E402
+from trainer.strategies import ConfigurationError, ModelParallelStrategy, NDParallelStrategy  # noqa: E402
 from trainer import Trainer, TrainModule  # noqa: E402
 
 VOCAB, DIM, HEADS, LAYERS, SEQ = 32, 16, 4, 4, 6
@@ -293,7 +293,7 @@ def memory_job(out: Path) -> dict:
     """Peak RSS growth of a fit (and of a resume from its checkpoint) against the model's full fp32 size. A first
     fit of a small model of the same kind loads the libraries and joins the process group, so that what is
     measured is the model."""
-    from strategies import FSDPStrategy
+    from trainer.strategies import FSDPStrategy
 
     full_fp32 = MEMORY_LAYERS * (MEMORY_WIDTH * MEMORY_WIDTH + MEMORY_WIDTH) * 4
 

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from callbacks import Callback, ModelCheckpoint  # noqa: E402
+from trainer.callbacks import Callback, ModelCheckpoint  # noqa: E402
 from trainer import CombinedLoader, Trainer, TrainModule  # noqa: E402
 
 KILLED = 3

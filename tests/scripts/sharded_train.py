@@ -20,9 +20,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from callbacks import Callback, ModelCheckpoint  # noqa: E402
-from strategies.sharded_checkpoint import consolidate, is_dtensor  # noqa: E402
-from strategies import ConfigurationError  # noqa: E402
+from trainer.callbacks import Callback, ModelCheckpoint  # noqa: E402
+from trainer.strategies.sharded_checkpoint import consolidate, is_dtensor  # noqa: E402
+from trainer.strategies import ConfigurationError  # noqa: E402
 from trainer import Trainer, TrainModule  # noqa: E402
 
 N_TRAIN, BATCH, ACCUMULATE, EPOCHS, LR, CLIP = 48, 3, 2, 2, 0.05, 0.5
@@ -174,7 +174,7 @@ def strategies_job(out: Path) -> dict:
         callbacks = [probe] + ([SaveMidWindow(out / "mid_window.ckpt")] if name == "fsdp" else [])
         strategy = name
         if name == "fsdp":
-            from strategies import FSDPStrategy
+            from trainer.strategies import FSDPStrategy
 
             strategy = FSDPStrategy(auto_wrap_policy={nn.Linear})
         trainer, module = fit(strategy, callbacks=callbacks)
@@ -199,7 +199,7 @@ def strategies_job(out: Path) -> dict:
         report[f"{name}_resumed_from"] = trainer.ckpt_path
 
     # ZeRO-1 with state_dict_type="full": one file, the optimizer state gathered on rank 0; resumed from it.
-    from strategies import ZeroStrategy
+    from trainer.strategies import ZeroStrategy
 
     folder = out / "ckpt_zero1_full"
     fit(ZeroStrategy(stage=1, state_dict_type="full"), callbacks=checkpoints(folder), max_steps=STOP_AT)
@@ -259,7 +259,7 @@ def deepspeed_job(out: Path) -> dict:
     (its checkpoints also hold the gathered weights, as Accelerate's zero3_save_16bit_model asks)."""
     import deepspeed
 
-    from strategies.deepspeed import DeepSpeedStrategy
+    from trainer.strategies.deepspeed import DeepSpeedStrategy
 
     def strategy(**options) -> DeepSpeedStrategy:
         return DeepSpeedStrategy(config={"gradient_clipping": CLIP}, **{"stage": 2, **options})

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for helpers
 
-from callbacks import Callback, ThroughputMonitor  # noqa: E402
-from strategies import DDPStrategy, FSDPStrategy  # noqa: E402
+from trainer.callbacks import Callback, ThroughputMonitor  # noqa: E402
+from trainer.strategies import DDPStrategy, FSDPStrategy  # noqa: E402
 from helpers import Regressor  # noqa: E402
 from trainer import Trainer  # noqa: E402
 from trainer.profiler.profilers import PyTorchProfiler  # noqa: E402

@@ -17,9 +17,9 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from callbacks import Callback  # noqa: E402
-from strategies import SingleDeviceStrategy  # noqa: E402
-from strategies.rank import rank_zero_only  # noqa: E402
+from trainer.callbacks import Callback  # noqa: E402
+from trainer.strategies import SingleDeviceStrategy  # noqa: E402
+from trainer.strategies.rank import rank_zero_only  # noqa: E402
 from trainer import Trainer, TrainModule  # noqa: E402
 
 

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from strategies.rank import rank_zero_warn
+from trainer.strategies.rank import rank_zero_warn
 from trainer.data.combined_loader import CombinedIterator, CombinedLoader
 from trainer.reproducibility.seed import capture_rng_state, restore_rng_state
 

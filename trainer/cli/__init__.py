@@ -21,7 +21,7 @@ import importlib
 import sys
 from typing import Optional
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 COMMANDS = ("config", "run", "slurm", "env", "checkpoint", "estimate_memory")
 

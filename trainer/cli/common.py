@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Mapping, Optional
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer.config.yaml_config import ExperimentConfig, check_launch_value, launch_environment, load_config
 
 

@@ -34,7 +34,7 @@ def collect() -> dict[str, Any]:
     import torch
 
     import trainer
-    from strategies.registry import strategy_names
+    from trainer.strategies.registry import strategy_names
 
     info: dict[str, Any] = {
         "trainer": trainer.__version__,
@@ -70,7 +70,7 @@ def _backends(torch: Any) -> dict[str, bool]:
 
 def _cluster() -> dict[str, Any]:
     """The detected cluster environment and this process's place in it."""
-    from strategies.environments import detect_environment
+    from trainer.strategies.environments import detect_environment
 
     try:
         env = detect_environment()

@@ -13,7 +13,7 @@ import shlex
 import sys
 from typing import Any
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer.cli.common import (
     command_parser, job_variables, merged_config, non_negative_int, port, positive_int, value_options,
 )

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer.cli.common import command_parser, job_variables, merged_config, parse_env, positive_int, value_options
 from trainer.config.yaml_config import ExperimentConfig, split_trainer_args
 

@@ -11,11 +11,11 @@ from typing import Any, Optional
 
 import torch
 
-from callbacks.callback import Callback
-from loggers.logger import Logger
-from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_info
-from strategies.storage import is_remote
+from trainer.callbacks.callback import Callback
+from trainer.loggers.logger import Logger
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_info
+from trainer.strategies.storage import is_remote
 from trainer.data.loaders import validate_limit
 
 
@@ -128,7 +128,7 @@ def with_max_time(callbacks: list[Callback], max_time: Any, save_checkpoint: boo
     """``max_time``: a ``Timer`` that stops fit after that much training time (unless one was passed)."""
     if max_time is None:
         return callbacks
-    from callbacks.timer import Timer
+    from trainer.callbacks.timer import Timer
 
     if any(isinstance(cb, Timer) for cb in callbacks):
         warnings.warn(f"max_time={max_time!r} is ignored: the callbacks already hold a Timer.", stacklevel=3)
@@ -162,7 +162,7 @@ def build_loggers(logger: Any, root_dir: str, fast_dev_run: int) -> list[Logger]
                        "so there is none. Pass logger=TensorBoardLogger('runs') (or CSVLogger) to log locally.", root_dir)
         return []
     if logger is True:
-        from loggers import default_logger
+        from trainer.loggers import default_logger
 
         created = default_logger(root_dir)
         return [created] if created is not None else []
@@ -173,7 +173,7 @@ def build_loggers(logger: Any, root_dir: str, fast_dev_run: int) -> list[Logger]
                 f"logger={item!r} is not a Logger. Pass True (default TensorBoard logger), False, a "
                 "loggers.Logger instance or a list of them."
             )
-    from loggers.run_folder import share_versions
+    from trainer.loggers.run_folder import share_versions
 
     share_versions(loggers)
     return loggers
@@ -197,10 +197,10 @@ def build_callbacks(
                 f"callbacks: {cb!r} is a {type(cb).__name__}, not a callbacks.Callback. Subclass Callback "
                 "and override the hooks you need."
             )
-    from callbacks.fit_report import FitReport
-    from callbacks.model_checkpoint import ModelCheckpoint
-    from callbacks.model_summary import ModelSummary
-    from callbacks.rich_progress import RichProgressBar
+    from trainer.callbacks.fit_report import FitReport
+    from trainer.callbacks.model_checkpoint import ModelCheckpoint
+    from trainer.callbacks.model_summary import ModelSummary
+    from trainer.callbacks.rich_progress import RichProgressBar
 
     defaults: list[Callback] = []
     for enabled, cls in ((enable_model_summary, ModelSummary), (enable_progress_bar, RichProgressBar),
@@ -218,7 +218,7 @@ def build_callbacks(
 def checkpoints_last(callbacks: list[Callback]) -> list[Callback]:
     """Move checkpointing callbacks to the end, so a checkpoint saved in a hook holds what the other callbacks
     (early stopping, schedulers of callbacks) did in that same hook."""
-    from callbacks.model_checkpoint import ModelCheckpoint
+    from trainer.callbacks.model_checkpoint import ModelCheckpoint
 
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + [
         cb for cb in callbacks if isinstance(cb, ModelCheckpoint)

@@ -35,7 +35,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer.config.accelerate_config import is_accelerate_config, translate_accelerate_config
 from trainer.config.launch_defaults import ENV_ARGS, ENV_CONFIG, decorated_parameters, resolved_arguments
 SECTIONS = ("trainer", "model", "data")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 from torch import Tensor
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 MODES = ("max_size_cycle", "min_size", "max_size", "sequential")
 

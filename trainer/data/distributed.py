@@ -15,8 +15,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
-from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_warn
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_warn
 
 # DataLoader settings copied to the rebuilt loader (those this torch version knows).
 _LOADER_SETTINGS = (

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional, Union
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 Number = Union[int, float]
 

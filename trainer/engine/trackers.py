@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any, Union
 
-from loggers.logger import Logger
-from strategies.errors import ConfigurationError
+from trainer.loggers.logger import Logger
+from trainer.strategies.errors import ConfigurationError
 
 TRACKER_NAMES = ("tensorboard", "csv")
 
@@ -45,15 +45,15 @@ def create_trackers(specs: list[TrackerSpec], project_dir: Union[str, os.PathLik
         if isinstance(spec, Logger):
             created.append(spec)
         elif spec == "default":
-            from loggers import default_logger
+            from trainer.loggers import default_logger
 
             created.append(default_logger(os.fspath(project_dir), project_name))
         elif spec == "tensorboard":
-            from loggers.tensorboard_logger import TensorBoardLogger
+            from trainer.loggers.tensorboard_logger import TensorBoardLogger
 
             created.append(TensorBoardLogger(project_dir, name=project_name))
         else:
-            from loggers.csv_logger import CSVLogger
+            from trainer.loggers.csv_logger import CSVLogger
 
             created.append(CSVLogger(project_dir, name=project_name))
     return created

@@ -20,8 +20,8 @@ from trainer.checkpoint.data_position import TrainDataPosition
 from trainer.reproducibility.seed import restore_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
-    from strategies.precision import Precision
-    from strategies.strategy import Strategy
+    from trainer.strategies.precision import Precision
+    from trainer.strategies.strategy import Strategy
 
 _END = object()
 

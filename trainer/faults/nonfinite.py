@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from strategies.rank import rank_zero_warn
+from trainer.strategies.rank import rank_zero_warn
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.loops.progress import Progress

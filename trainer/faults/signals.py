@@ -16,8 +16,8 @@ import signal
 import threading
 from typing import Any, Callable, Iterable, Optional, Union
 
-from strategies.errors import ConfigurationError
-from strategies.rank import rank_zero_info, rank_zero_warn
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 
 
 SignalAction = Callable[[Any, int], None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Protocol, Union
 
 if TYPE_CHECKING:  # pragma: no cover
-    from strategies.strategy import Strategy
+    from trainer.strategies.strategy import Strategy
     from trainer.loops.fit_loop import FitLoop
     from trainer.loops.optimizers import SchedulerConfig
     from trainer.metrics.logged_metrics import ResultCollection

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from torch import Tensor
 from torch.optim import Optimizer
 
-from strategies.errors import ConfigurationError
-from strategies.strategy import Strategy
+from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.strategy import Strategy
 from trainer.module.overrides import overrides
 from trainer.module.train_module import TrainModule
 from trainer.loops.optimizers import step_schedulers

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 
 from torch.optim import Optimizer
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 _SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "monitor", "strict", "name")
 _FORMS = (

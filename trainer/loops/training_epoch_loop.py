@@ -9,7 +9,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any, Iterator
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer.data.batch_transfer import batch_mover
 
 if TYPE_CHECKING:  # pragma: no cover

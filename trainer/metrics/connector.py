@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.rank import rank_zero_only
+from trainer.strategies.rank import rank_zero_only
 from trainer.metrics.logged_metrics import ResultCollection
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 _REDUCE_NAMES = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
 _REDUCE_FUNCS = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 
 def _gather(tensor: Tensor, strategy: Any, sync_grads: bool) -> Tensor:

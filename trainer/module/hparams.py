@@ -74,7 +74,7 @@ def plain_hparams(values: dict[str, Any], owner: str) -> dict[str, Any]:
 def hyperparameters_of_call(owner: Any, frame: FrameType, args: tuple, ignore: Optional[Union[str, Iterable[str]]]) -> dict:
     """What ``owner.save_hyperparameters(*args, ignore=...)`` records: the ``__init__`` arguments running in
     ``frame`` (all, or those named in ``args``; or one mapping given as ``args[0]``), minus ``ignore``, kept plain."""
-    from strategies.errors import ConfigurationError
+    from trainer.strategies.errors import ConfigurationError
 
     if len(args) == 1 and isinstance(args[0], Mapping):
         values = dict(args[0])

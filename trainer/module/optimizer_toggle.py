@@ -10,7 +10,7 @@ from typing import Any, Iterable
 from torch import Tensor
 from torch.optim import Optimizer
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 
 def raw_optimizer(optimizer: Any) -> Optimizer:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
-from strategies.checkpoint_io import CheckpointError, safe_load
-from strategies.errors import ConfigurationError
+from trainer.strategies.checkpoint_io import CheckpointError, safe_load
+from trainer.strategies.errors import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.module.train_module import TrainModule

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 from trainer.module.hparams import AttributeDict, hyperparameters_of_call
 
 
@@ -179,7 +179,7 @@ class TrainModule(nn.Module):
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Move a batch to ``device``; override for batch types the default walk does not know."""
-        from strategies.strategy import move_to_device
+        from trainer.strategies.strategy import move_to_device
 
         return move_to_device(batch, device)
 

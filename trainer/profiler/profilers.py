@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-from strategies.errors import ConfigurationError
+from trainer.strategies.errors import ConfigurationError
 
 
 class Profiler:

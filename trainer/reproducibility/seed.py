@@ -8,7 +8,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from strategies.rank import rank_zero_info
+from trainer.strategies.rank import rank_zero_info
 
 _MAX_SEED = 2**32 - 1
 

@@ -1,0 +1,93 @@
+"""The framework lives under one namespace, ``trainer``: a user's own ``callbacks.py``, ``loggers.py`` or
+``strategies.py`` cannot shadow it, the distribution installs no top-level name but ``trainer``, and in a source
+checkout the short names are aliases of the very same modules."""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SIBLINGS = ("callbacks", "loggers", "strategies")
+
+
+def _run(code: str, cwd: Path, timeout: int = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the checkout, after the script's own folder (as a user has it)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_users_own_callbacks_loggers_and_strategies_files_do_not_break_a_fit(tmp_path):
+    for name in SIBLINGS:
+        (tmp_path / f"{name}.py").write_text(f"MINE = '{name}'\n")
+    code = (
+        "import callbacks, loggers, strategies\n"
+        "import torch\n"
+        "from trainer import Trainer, TrainModule\n"
+        "from trainer.callbacks import ModelCheckpoint\n"
+        "from trainer.loggers import CSVLogger\n"
+        "class M(TrainModule):\n"
+        "    def __init__(self):\n        super().__init__(); self.l = torch.nn.Linear(2, 1)\n"
+        "    def training_step(self, batch, batch_idx):\n        return self.l(batch[0]).pow(2).mean()\n"
+        "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.1)\n"
+        "data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)\n"
+        "t = Trainer(max_epochs=1, logger=CSVLogger('logs'), callbacks=[ModelCheckpoint()],\n"
+        "            enable_progress_bar=False, enable_model_summary=False)\n"
+        "t.fit(M(), data)\n"
+        "assert (callbacks.MINE, loggers.MINE, strategies.MINE) == ('callbacks', 'loggers', 'strategies')\n"
+        "print('steps', t.global_step)\n"
+    )
+    result = _run(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "steps 2" in result.stdout
+
+
+def test_the_short_names_in_a_checkout_are_the_same_modules_not_copies():
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n    import callbacks\nexcept DeprecationWarning as w:\n    assert 'trainer.callbacks' in str(w); print('warned')\n"
+        "warnings.simplefilter('ignore')\n"
+        "import strategies.ddp, trainer.strategies.ddp\n"
+        "from callbacks.model_checkpoint import ModelCheckpoint as A\n"
+        "from trainer.callbacks import ModelCheckpoint as B\n"
+        "from loggers import CSVLogger as C\n"
+        "from trainer.loggers.csv_logger import CSVLogger as D\n"
+        "assert A is B and C is D and strategies.ddp is trainer.strategies.ddp\n"
+        "assert A.__module__ == 'trainer.callbacks.model_checkpoint'\n"
+    )
+    result = _run(code, ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "warned" in result.stdout
+
+
+def test_the_framework_imports_itself_only_through_the_trainer_namespace():
+    bare = []
+    for top in ("trainer", *SIBLINGS):
+        for path in (ROOT / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                bare += [f"{path.relative_to(ROOT)}: {n}" for n in names if n and n.split(".")[0] in SIBLINGS]
+    assert not bare, "import these as trainer.<name>:\n" + "\n".join(bare)
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_installs_only_the_trainer_package_under_our_own_distribution_name(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    assert wheel.name.startswith("trainwright-")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert tops == {"trainer"}, tops
+    for sibling in SIBLINGS:
+        assert f"trainer/{sibling}/__init__.py" in names
+    assert "trainer/strategies/environments/__init__.py" in names  # nested packages come along
+    assert "trainer/py.typed" in names

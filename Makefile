@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	@# DeepSpeed compiles its CPU collectives on first use; do it here, not inside the first test's time limit.
 	if $(BIN)/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then \
-		$(BIN)/python -m trainer.strategies.deepspeed; fi
+		$(BIN)/python -m trainer.strategies.data_parallel.deepspeed; fi
 	touch $@
 
 install: $(STAMP)

@@ -34,7 +34,7 @@ MODELS = {"wide": lambda: nn.Sequential(nn.Linear(8, 256), nn.ReLU(), nn.Linear(
 def optimizers(model: nn.Module, mesh) -> dict[str, torch.optim.Optimizer]:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from trainer.strategies.sharded_optimizer import ShardedOptimizer
+    from trainer.strategies.data_parallel.sharded_optimizer import ShardedOptimizer
 
     return {"adam (ddp)": torch.optim.Adam(model.parameters()),
             "ZeroRedundancyOptimizer": ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam),

@@ -13,7 +13,7 @@ it writes, so top-k continues correctly after a resume.
 Retention: beside the top-k, ``keep_last_n`` keeps the newest N checkpoints it saved. A file falls out only once
 the checkpoint that replaces it is complete, and ``last`` is pointed at a checkpoint only once it is complete:
 with ``asynchronous=True`` (the state is copied at the save and written in the background,
-:mod:`trainer.strategies.async_checkpoint`) both wait for the background write.
+:mod:`trainer.strategies.checkpoint.async_checkpoint`) both wait for the background write.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from typing import Any, Optional, Union
 import torch
 
 from trainer.callbacks.callback import Callback
-from trainer.strategies import storage
-from trainer.strategies.checkpoint_io import atomic_link
+from trainer.strategies.checkpoint import storage
+from trainer.strategies.checkpoint.checkpoint_io import atomic_link
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 

@@ -16,37 +16,37 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from trainer.strategies.errors import ConfigurationError, HangError, RankFailedError
-from trainer.strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from trainer.strategies.precision.plugins import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from trainer.strategies.registry import register_strategy, strategy_names
 from trainer.strategies.single_device import SingleDeviceStrategy
 from trainer.strategies.strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
-    from trainer.strategies.checkpoint_io import CheckpointError, CheckpointIO  # noqa: F401
-    from trainer.strategies.ddp import DDPStrategy  # noqa: F401
-    from trainer.strategies.deepspeed import DeepSpeedStrategy  # noqa: F401
-    from trainer.strategies.dp import DataParallelStrategy  # noqa: F401
-    from trainer.strategies.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment  # noqa: F401
-    from trainer.strategies.fsdp import FSDPStrategy  # noqa: F401
-    from trainer.strategies.model_parallel import ModelParallelStrategy  # noqa: F401
-    from trainer.strategies.nd_parallel import NDParallelStrategy  # noqa: F401
-    from trainer.strategies.zero import Zero1Strategy, Zero2Strategy, ZeroStrategy  # noqa: F401
+    from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, CheckpointIO  # noqa: F401
+    from trainer.strategies.data_parallel.ddp import DDPStrategy  # noqa: F401
+    from trainer.strategies.data_parallel.deepspeed import DeepSpeedStrategy  # noqa: F401
+    from trainer.strategies.data_parallel.dp import DataParallelStrategy  # noqa: F401
+    from trainer.strategies.launch.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment  # noqa: F401
+    from trainer.strategies.data_parallel.fsdp import FSDPStrategy  # noqa: F401
+    from trainer.strategies.nd.model_parallel import ModelParallelStrategy  # noqa: F401
+    from trainer.strategies.nd.nd_parallel import NDParallelStrategy  # noqa: F401
+    from trainer.strategies.data_parallel.zero import Zero1Strategy, Zero2Strategy, ZeroStrategy  # noqa: F401
 
 _LAZY = {
-    "CheckpointError": "trainer.strategies.checkpoint_io",
-    "CheckpointIO": "trainer.strategies.checkpoint_io",
-    "DDPStrategy": "trainer.strategies.ddp",
-    "DeepSpeedStrategy": "trainer.strategies.deepspeed",
-    "DataParallelStrategy": "trainer.strategies.dp",
-    "FSDPStrategy": "trainer.strategies.fsdp",
-    "LocalEnvironment": "trainer.strategies.environments",
-    "ModelParallelStrategy": "trainer.strategies.model_parallel",
-    "NDParallelStrategy": "trainer.strategies.nd_parallel",
-    "SLURMEnvironment": "trainer.strategies.environments",
-    "TorchElasticEnvironment": "trainer.strategies.environments",
-    "Zero1Strategy": "trainer.strategies.zero",
-    "Zero2Strategy": "trainer.strategies.zero",
-    "ZeroStrategy": "trainer.strategies.zero",
+    "CheckpointError": "trainer.strategies.checkpoint.checkpoint_io",
+    "CheckpointIO": "trainer.strategies.checkpoint.checkpoint_io",
+    "DDPStrategy": "trainer.strategies.data_parallel.ddp",
+    "DeepSpeedStrategy": "trainer.strategies.data_parallel.deepspeed",
+    "DataParallelStrategy": "trainer.strategies.data_parallel.dp",
+    "FSDPStrategy": "trainer.strategies.data_parallel.fsdp",
+    "LocalEnvironment": "trainer.strategies.launch.environments",
+    "ModelParallelStrategy": "trainer.strategies.nd.model_parallel",
+    "NDParallelStrategy": "trainer.strategies.nd.nd_parallel",
+    "SLURMEnvironment": "trainer.strategies.launch.environments",
+    "TorchElasticEnvironment": "trainer.strategies.launch.environments",
+    "Zero1Strategy": "trainer.strategies.data_parallel.zero",
+    "Zero2Strategy": "trainer.strategies.data_parallel.zero",
+    "ZeroStrategy": "trainer.strategies.data_parallel.zero",
 }
 
 __all__ = [

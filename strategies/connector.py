@@ -6,7 +6,7 @@ from typing import Any
 
 from trainer.strategies.accelerators import parse_devices, resolve_accelerator
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision import precision_plugin
+from trainer.strategies.precision.plugins import precision_plugin
 from trainer.strategies.registry import create_strategy
 from trainer.strategies.strategy import Strategy
 
@@ -24,7 +24,7 @@ def build_strategy(
     ``cluster_environment`` (a ``ClusterEnvironment``) replaces detection, for strategies that take one."""
     plugin = precision_plugin(precision)
     kind = resolve_accelerator(accelerator)
-    from trainer.strategies.environments import detect_environment  # on use: keeps `import trainer` light
+    from trainer.strategies.launch.environments import detect_environment  # on use: keeps `import trainer` light
 
     job = cluster_environment if cluster_environment is not None else detect_environment()  # torchrun/SLURM/...
     launched = job is not None and job.world_size() > 1

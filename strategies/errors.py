@@ -19,4 +19,4 @@ class RankFailedError(RuntimeError):
 
 class HangError(RuntimeError):
     """A rank of a multi-process job stopped answering (stuck, stopped, deadlocked): the message names it and
-    where the job was (see :mod:`trainer.strategies.hang_report`)."""
+    where the job was (see :mod:`trainer.strategies.launch.hang_report`)."""

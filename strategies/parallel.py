@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from trainer.strategies import hang_report
-from trainer.strategies.environments import ClusterEnvironment, LocalEnvironment, detect_environment
+from trainer.strategies.launch import hang_report
+from trainer.strategies.launch.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision import Precision
+from trainer.strategies.precision.plugins import Precision
 from trainer.strategies.rank import rank_zero_only
 from trainer.strategies.strategy import Strategy
 
@@ -69,7 +69,7 @@ class ParallelStrategy(Strategy):
 
     ``timeout`` is the process-group timeout while the job starts (torch's default when None); after the first
     optimizer step it becomes ``train_timeout`` (default 300 s; None keeps ``timeout``), so a rank that stops
-    answering ends the job within minutes, with a message naming it (:mod:`trainer.strategies.hang_report`).
+    answering ends the job within minutes, with a message naming it (:mod:`trainer.strategies.launch.hang_report`).
     """
 
     is_distributed = True
@@ -102,7 +102,7 @@ class ParallelStrategy(Strategy):
         self.num_nodes = 1
         self._ranks: Optional[tuple[int, int, int, int]] = None  # (world size, global, local, node) once set up
         self._owns_process_group = False
-        self._monitor_group: Any = None  # gloo group of the monitored barriers (trainer.strategies.hang_report)
+        self._monitor_group: Any = None  # gloo group of the monitored barriers (trainer.strategies.launch.hang_report)
 
     def connect(self, devices: list[torch.device], num_nodes: int, precision: Optional[Precision]) -> None:
         super().connect(devices, num_nodes, precision)
@@ -123,7 +123,7 @@ class ParallelStrategy(Strategy):
         self.cluster_environment = env
         self.launcher = None
         if not env.creates_processes_externally:
-            from trainer.strategies.launchers import SpawnLauncher, SubprocessScriptLauncher
+            from trainer.strategies.launch.launchers import SpawnLauncher, SubprocessScriptLauncher
 
             if self.start_method == "popen":
                 self.launcher = SubprocessScriptLauncher(env, len(devices))
@@ -240,7 +240,7 @@ class ParallelStrategy(Strategy):
 
     def unresponsive_ranks(self) -> Optional[list[int]]:
         """After a collective timed out: the ranks that do not answer a monitored barrier (see
-        :func:`trainer.strategies.hang_report.unresponsive_ranks`); ``None`` when that cannot be told."""
+        :func:`trainer.strategies.launch.hang_report.unresponsive_ranks`); ``None`` when that cannot be told."""
         if self._monitor_group is None or not _distributed_ready():
             return None
         wait = min(self.train_timeout or self.barrier_timeout, datetime.timedelta(seconds=30))

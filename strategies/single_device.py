@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision import Precision
+from trainer.strategies.precision.plugins import Precision
 from trainer.strategies.strategy import Strategy
 
 

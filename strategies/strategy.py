@@ -14,12 +14,12 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from trainer.strategies.checkpoint_io import CheckpointIO, atomic_save, remove_checkpoint, safe_load
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointIO, atomic_save, remove_checkpoint, safe_load
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision import Precision
+from trainer.strategies.precision.plugins import Precision
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.strategies.async_checkpoint import BackgroundWriter
+    from trainer.strategies.checkpoint.async_checkpoint import BackgroundWriter
 
 _NULL_CONTEXT = contextlib.nullcontext()
 
@@ -42,7 +42,7 @@ def move_to_device(data: Any, device: torch.device) -> Any:
 def materialize_on(module: nn.Module, device: torch.device) -> None:
     """A module built on the ``meta`` device gets storage on ``device`` and is initialised (unsharded strategies)."""
     if any(p.is_meta for p in module.parameters()) or any(b.is_meta for b in module.buffers()):
-        from trainer.strategies.deferred_init import materialize
+        from trainer.strategies.speed.deferred_init import materialize
 
         materialize(module, device)
 
@@ -137,8 +137,8 @@ class Strategy:
     def module_init_context(self, empty_init: Optional[bool] = None) -> ContextManager:
         """Where ``Trainer.init_module()`` and ``configure_model()`` build modules: this process's device in the
         precision's dtype; ``empty_init=True`` skips random initialisation (weights about to be loaded).
-        Sharded strategies build on the ``meta`` device instead (see :mod:`trainer.strategies.deferred_init`)."""
-        from trainer.strategies.deferred_init import module_init_context
+        Sharded strategies build on the ``meta`` device instead (see :mod:`trainer.strategies.speed.deferred_init`)."""
+        from trainer.strategies.speed.deferred_init import module_init_context
 
         return module_init_context(self._init_device(), self.precision, empty_init, meta=False)
 
@@ -154,8 +154,8 @@ class Strategy:
 
     def compile_module(self, module: nn.Module, options: dict[str, Any]) -> None:
         """``torch.compile`` a module this strategy set up, in place, where its wrapper needs it (here: the module's
-        forward; see :mod:`trainer.strategies.compile`). ``options`` are ``torch.compile``'s keyword arguments."""
-        from trainer.strategies.compile import compile_forward
+        forward; see :mod:`trainer.strategies.speed.compile`). ``options`` are ``torch.compile``'s keyword arguments."""
+        from trainer.strategies.speed.compile import compile_forward
 
         compile_forward(module, options)
 
@@ -189,12 +189,12 @@ class Strategy:
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move a batch to this process's device and convert it for the precision. On CUDA the copy runs on a
-        side stream (:mod:`trainer.strategies.cuda_copy`); on the CPU the batch is returned as it is."""
+        side stream (:mod:`trainer.strategies.speed.cuda_copy`); on the CPU the batch is returned as it is."""
         device = self.root_device
         if device.type == "cuda":
             copy = self._cuda_copy
             if copy is None or copy.device != device:
-                from trainer.strategies.cuda_copy import SideStreamCopy
+                from trainer.strategies.speed.cuda_copy import SideStreamCopy
 
                 copy = self._cuda_copy = SideStreamCopy(device)
             batch = copy(batch)
@@ -320,7 +320,7 @@ class Strategy:
 
     def save_checkpoint_async(self, checkpoint: dict[str, Any], path: str | Path, writer: "BackgroundWriter") -> None:
         """Copy ``checkpoint``'s tensors now and write it in ``writer``'s thread (global rank 0 writes); see
-        :mod:`trainer.strategies.async_checkpoint`."""
+        :mod:`trainer.strategies.checkpoint.async_checkpoint`."""
         if type(self).save_checkpoint is not Strategy.save_checkpoint:
             raise ConfigurationError(
                 f"{type(self).__name__} writes its checkpoints itself and has no asynchronous mode; save with "
@@ -331,10 +331,10 @@ class Strategy:
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint safely (``weights_only=True``); a sharded checkpoint folder is read whole."""
-        from trainer.strategies import storage
+        from trainer.strategies.checkpoint import storage
 
         if storage.isdir(path):
-            from trainer.strategies.sharded_checkpoint import load_full
+            from trainer.strategies.checkpoint.sharded_checkpoint import load_full
 
             return load_full(path)
         if self.checkpoint_io is not None:

@@ -99,7 +99,7 @@ use_cpu: true
 def test_a_deepspeed_file_launches_the_deepspeed_strategy_with_its_settings():
     assert translate(DEEPSPEED_CPU) == {"num_nodes": 1, "devices": 2, "trainer": {
         "precision": "32-true", "accelerator": "cpu", "accumulate_grad_batches": 4,
-        "strategy": {"class_path": "trainer.strategies.deepspeed.DeepSpeedStrategy", "init_args": {
+        "strategy": {"class_path": "trainer.strategies.data_parallel.deepspeed.DeepSpeedStrategy", "init_args": {
             "stage": 3, "offload_optimizer": "cpu", "zero3_init": True, "save_16bit_model": True}}}}  # fmt: skip
     nvme = translate(MULTI_GPU, distributed_type="DEEPSPEED", deepspeed_config={
         "zero_stage": 2, "offload_optimizer_device": "nvme", "offload_optimizer_nvme_path": "/nvme",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ckpt_support import TinyRegressor, loaders, make_trainer
-from trainer.strategies.checkpoint_io import CheckpointError, atomic_link, atomic_save, safe_load
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, atomic_link, atomic_save, safe_load
 from trainer.strategies.errors import ConfigurationError
 
 

@@ -16,7 +16,7 @@ import torch
 from ckpt_support import TinyRegressor, loaders, make_trainer, same_weights, uninterrupted
 
 from trainer.callbacks import ModelCheckpoint
-from trainer.strategies.checkpoint_io import CheckpointError, safe_load
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, safe_load
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -169,7 +169,7 @@ def test_keep_last_n_keeps_the_newest_beside_the_best(tmp_path: Path) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the pinned-memory staging path")
 def test_an_asynchronous_save_of_cuda_tensors_stages_into_pinned_memory(tmp_path: Path) -> None:
-    from trainer.strategies.async_checkpoint import BackgroundWriter
+    from trainer.strategies.checkpoint.async_checkpoint import BackgroundWriter
 
     writer = BackgroundWriter()
     weights = torch.randn(1024, 1024, device="cuda")

@@ -9,12 +9,12 @@ import torch
 
 from trainer.strategies import DDPStrategy, DataParallelStrategy, SingleDeviceStrategy
 from trainer.strategies.connector import build_strategy
-from trainer.strategies.dp import average_replicas
-from trainer.strategies.environments import (
+from trainer.strategies.data_parallel.dp import average_replicas
+from trainer.strategies.launch.environments import (
     LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment, detect_environment, expand_nodelist,
 )  # fmt: skip
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.launchers import SpawnLauncher, SubprocessScriptLauncher
+from trainer.strategies.launch.launchers import SpawnLauncher, SubprocessScriptLauncher
 
 _JOB_PREFIXES = ("SLURM_", "TORCHELASTIC_")
 _JOB_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",

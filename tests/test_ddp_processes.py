@@ -19,7 +19,7 @@ from typing import Optional
 import pytest
 import torch
 
-from trainer.strategies.environments.local import find_free_port
+from trainer.strategies.launch.environments.local import find_free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "tests" / "scripts" / "ddp_train.py")

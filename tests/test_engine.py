@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from helpers import regression_data
 from trainer.strategies import ConfigurationError, DDPStrategy
-from trainer.strategies.checkpoint_io import CheckpointError
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError
 from trainer import Engine, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

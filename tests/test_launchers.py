@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from trainer.strategies.environments import LocalEnvironment
+from trainer.strategies.launch.environments import LocalEnvironment
 from trainer.strategies.errors import ConfigurationError, RankFailedError
-from trainer.strategies.launchers import SpawnLauncher
+from trainer.strategies.launch.launchers import SpawnLauncher
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -167,7 +167,7 @@ def test_every_public_name_of_strategies_resolves_and_the_heavy_ones_load_on_fir
 
     probe = (
         "import sys, importlib\nimport trainer.strategies as strategies\n"
-        "lazy = ['trainer.strategies.ddp', 'trainer.strategies.deepspeed', 'trainer.strategies.fsdp', 'trainer.strategies.nd_parallel']\n"
+        "lazy = ['trainer.strategies.data_parallel.ddp', 'trainer.strategies.data_parallel.deepspeed', 'trainer.strategies.data_parallel.fsdp', 'trainer.strategies.nd.nd_parallel']\n"
         "assert not [m for m in lazy if m in sys.modules], [m for m in lazy if m in sys.modules]\n"
         "for name in strategies.__all__:\n"
         "    value = getattr(strategies, name)\n"

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainer.callbacks import Callback, ModelCheckpoint, RichProgressBar, Timer
 from trainer.loggers import CSVLogger, Logger
 from trainer.strategies import ConfigurationError, MixedPrecision
-from trainer.strategies.checkpoint_io import CheckpointError, CheckpointIO
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, CheckpointIO
 from trainer import DataModule, Trainer, TrainModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -569,7 +569,7 @@ class RecordingIO(CheckpointIO):
 
 
 def test_plugins_route_precision_checkpoint_io_and_cluster_environment(tmp_path):
-    from trainer.strategies.environments import LocalEnvironment
+    from trainer.strategies.launch.environments import LocalEnvironment
 
     io_plugin, environment = RecordingIO(), LocalEnvironment()
     checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="epoch", mode="max", save_top_k=1, filename="{epoch}")
@@ -591,7 +591,7 @@ def test_plugins_route_precision_checkpoint_io_and_cluster_environment(tmp_path)
 
 
 def test_sync_batchnorm_converts_the_layers_a_distributed_strategy_wraps():
-    from trainer.strategies.ddp import DDPStrategy
+    from trainer.strategies.data_parallel.ddp import DDPStrategy
     from trainer.config.plugins import sync_batchnorm_layers
 
     module = Utilities()

@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from trainer.strategies import ConfigurationError
-from trainer.strategies.device_map import plan_device_map, tensor_devices
-from trainer.strategies.pipeline_stages import auto_boundaries, parameter_stages
-from trainer.strategies.tp_plan import megatron_plan, resolve_tp_plan, tp_shard_dims
+from trainer.strategies.nd.device_map import plan_device_map, tensor_devices
+from trainer.strategies.nd.pipeline_stages import auto_boundaries, parameter_stages
+from trainer.strategies.nd.tp_plan import megatron_plan, resolve_tp_plan, tp_shard_dims
 from test_ddp_processes import RUN_TIMEOUT_S, clean_env
-from trainer.strategies.mesh import MeshLayout, resolve_layout
+from trainer.strategies.nd.mesh import MeshLayout, resolve_layout
 from trainer.memory.planner import estimate, estimate_layout
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from trainer.strategies import ConfigurationError, ModelParallelStrategy, NDParallelStrategy
-from trainer.strategies.mesh import MeshLayout, resolve_layout
-from trainer.strategies.sharded_checkpoint import load_full
+from trainer.strategies.nd.mesh import MeshLayout, resolve_layout
+from trainer.strategies.checkpoint.sharded_checkpoint import load_full
 from test_ddp_processes import Job, clean_env
 from trainer import Trainer, TrainModule
 
@@ -295,7 +295,7 @@ def test_pipeline_settings_are_checked_before_any_process_starts():
 
 
 def test_pipeline_stages_follow_split_points_and_keep_the_whole_models_names():
-    from trainer.strategies.pipeline import assign_stages, keep_stage, pipeline_units
+    from trainer.strategies.nd.pipeline import assign_stages, keep_stage, pipeline_units
 
     module = mesh_train.TinyLM(split_points=["layers.1", "norm"])
     module.configure_model()
@@ -310,7 +310,7 @@ def test_pipeline_stages_follow_split_points_and_keep_the_whole_models_names():
 
 @pytest.mark.parametrize("points, message", [(["layers.9"], "must name 1 unit"), (["embed"], "not the first unit")])
 def test_bad_split_points_are_refused(points, message):
-    from trainer.strategies.pipeline import assign_stages
+    from trainer.strategies.nd.pipeline import assign_stages
 
     module = mesh_train.TinyLM(split_points=points)
     module.configure_model()
@@ -319,7 +319,7 @@ def test_bad_split_points_are_refused(points, message):
 
 
 def test_pipeline_refuses_tied_weights_across_stages_and_a_module_without_its_loss():
-    from trainer.strategies.pipeline import PipelineRunner, keep_stage
+    from trainer.strategies.nd.pipeline import PipelineRunner, keep_stage
 
     module = mesh_train.TinyLM()
     module.configure_model()

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from trainer.callbacks import Callback
 from trainer.strategies import ConfigurationError, ModelParallelStrategy
-from trainer.strategies.device_map import plan_device_map, resolve_device_map, tensor_devices
+from trainer.strategies.nd.device_map import plan_device_map, resolve_device_map, tensor_devices
 from tests.helpers import quiet_trainer, regression_data
 from trainer import TrainModule
 from trainer.memory.planner import estimate

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -52,12 +53,12 @@ def test_the_short_names_in_a_checkout_are_the_same_modules_not_copies():
         "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
         "try:\n    import callbacks\nexcept DeprecationWarning as w:\n    assert 'trainer.callbacks' in str(w); print('warned')\n"
         "warnings.simplefilter('ignore')\n"
-        "import strategies.ddp, trainer.strategies.ddp\n"
+        "import strategies.data_parallel.ddp, trainer.strategies.data_parallel.ddp\n"
         "from callbacks.model_checkpoint import ModelCheckpoint as A\n"
         "from trainer.callbacks import ModelCheckpoint as B\n"
         "from loggers import CSVLogger as C\n"
         "from trainer.loggers.csv_logger import CSVLogger as D\n"
-        "assert A is B and C is D and strategies.ddp is trainer.strategies.ddp\n"
+        "assert A is B and C is D and strategies.data_parallel.ddp is trainer.strategies.data_parallel.ddp\n"
         "assert A.__module__ == 'trainer.callbacks.model_checkpoint'\n"
     )
     result = _run(code, ROOT)
@@ -78,8 +79,11 @@ def test_the_framework_imports_itself_only_through_the_trainer_namespace():
 
 @pytest.mark.timeout(300)
 def test_the_wheel_installs_only_the_trainer_package_under_our_own_distribution_name(tmp_path):
+    source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info beside the sources
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "*.egg-info", "__pycache__", "logs", "runs", "lightning_logs", ".pytest_cache"))
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stderr
     (wheel,) = tmp_path.glob("*.whl")
@@ -89,5 +93,5 @@ def test_the_wheel_installs_only_the_trainer_package_under_our_own_distribution_
     assert tops == {"trainer"}, tops
     for sibling in SIBLINGS:
         assert f"trainer/{sibling}/__init__.py" in names
-    assert "trainer/strategies/environments/__init__.py" in names  # nested packages come along
+    assert "trainer/strategies/launch/environments/__init__.py" in names  # nested packages come along
     assert "trainer/py.typed" in names

@@ -7,7 +7,7 @@ import weakref
 import torch
 from torch import nn
 
-from trainer.strategies.redirection import ForwardRedirection
+from trainer.strategies.data_parallel.redirection import ForwardRedirection
 
 
 class Wrapper(nn.Module):

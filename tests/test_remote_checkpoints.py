@@ -11,7 +11,7 @@ from ckpt_support import TinyRegressor, loaders, make_trainer, same_weights, uni
 
 from trainer.callbacks import ModelCheckpoint
 from trainer.strategies import Strategy
-from trainer.strategies.checkpoint_io import CheckpointError
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError
 
 fsspec = pytest.importorskip("fsspec", reason="fsspec is not installed (optional: pip install '.[s3]')")
 
@@ -49,7 +49,7 @@ def _fit_resume_and_fall_back(root: str, fs, tmp_path) -> None:
 
 def _sharded_round_trip(root: str, fs, capsys) -> None:
     """A sharded folder at a URL: manifest last, loads whole, consolidates with the command; no manifest: refused."""
-    from trainer.strategies.sharded_checkpoint import load_full, save_sharded
+    from trainer.strategies.checkpoint.sharded_checkpoint import load_full, save_sharded
     from trainer.cli import main
 
     model = torch.nn.Linear(3, 2)

@@ -115,7 +115,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -
 SLOW_SAVE = r"""
 import os, sys, torch
 sys.path.insert(0, sys.argv[2])
-from trainer.strategies.checkpoint_io import atomic_save
+from trainer.strategies.checkpoint.checkpoint_io import atomic_save
 path = sys.argv[1]
 atomic_save({"global_step": 1, "state_dict": {"w": torch.zeros(4)}}, path)
 print("first saved", flush=True)
@@ -142,7 +142,7 @@ def test_sigkill_during_a_large_save_leaves_the_previous_last_ckpt_loadable(tmp_
     finally:
         proc.kill()
     assert proc.returncode == -signal.SIGKILL
-    from trainer.strategies.checkpoint_io import atomic_save, safe_load
+    from trainer.strategies.checkpoint.checkpoint_io import atomic_save, safe_load
 
     assert safe_load(target)["global_step"] == 1  # the previous checkpoint, complete
     assert partial[0].exists()  # the killed write was in progress

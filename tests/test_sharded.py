@@ -147,7 +147,7 @@ def test_zero1_full_checkpoint_gathers_the_state_that_a_folder_consolidates_to(j
     assert full_file.is_file()  # one file written by rank 0
     for rank in ranks:
         assert_equal(rank["zero1_full_resumed"], rank["zero1"]["weights"])
-    from trainer.strategies.sharded_checkpoint import consolidate
+    from trainer.strategies.checkpoint.sharded_checkpoint import consolidate
 
     folder = jobs["strategies"].out / "ckpt_zero1" / f"epoch=0-step={sharded_train.STOP_AT}.ckpt"
     consolidated = consolidate(folder, tmp_path / "zero1.ckpt")["optimizer_states"][0]
@@ -272,7 +272,7 @@ def test_sharded_strategies_refuse_bad_settings_before_starting_processes():
 
 def test_zero1_refuses_optimizers_that_compute_over_whole_parameters():
     from trainer.strategies import ConfigurationError
-    from trainer.strategies.sharded_optimizer import ShardedOptimizer
+    from trainer.strategies.data_parallel.sharded_optimizer import ShardedOptimizer
 
     for optimizer in (torch.optim.Adafactor, torch.optim.LBFGS):
         with pytest.raises(ConfigurationError, match=f"{optimizer.__name__} computes over whole parameters"):
@@ -280,7 +280,7 @@ def test_zero1_refuses_optimizers_that_compute_over_whole_parameters():
 
 
 def test_wrap_policies_choose_units_bottom_up():
-    from trainer.strategies.fsdp import wrap_targets
+    from trainer.strategies.data_parallel.fsdp import wrap_targets
 
     net = sharded_train.Net()  # Linear(6,8): 56 parameters, Linear(8,6): 54, Linear(6,1): 7, scale: 1
     linears = [net.net[0], net.net[2], net.net[4]]
@@ -293,7 +293,7 @@ def test_wrap_policies_choose_units_bottom_up():
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (optional: pip install '.[deepspeed]')")
 def test_deepspeed_settings_that_contradict_the_trainer_are_refused(tmp_path):
     from trainer.strategies import ConfigurationError
-    from trainer.strategies.deepspeed import DeepSpeedStrategy
+    from trainer.strategies.data_parallel.deepspeed import DeepSpeedStrategy
     from trainer import Trainer
 
     with pytest.raises(ConfigurationError, match=r"accumulate_grad_batches=4"):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.strategies.checkpoint_io import CheckpointError, atomic_link, remove_checkpoint
-from trainer.strategies.sharded_checkpoint import (
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, atomic_link, remove_checkpoint
+from trainer.strategies.checkpoint.sharded_checkpoint import (
     META_FILE,
     is_sharded_checkpoint,
     load_full,

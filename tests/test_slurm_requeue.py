@@ -10,7 +10,7 @@ import pytest
 from helpers import Regressor, loader, quiet_trainer
 
 from trainer.callbacks import Callback
-from trainer.strategies.environments import SLURMEnvironment
+from trainer.strategies.launch.environments import SLURMEnvironment
 from trainer.strategies.errors import ConfigurationError
 from trainer.faults import slurm_requeue
 

@@ -21,7 +21,7 @@ from trainer.callbacks import Callback, ModelCheckpoint, ThroughputMonitor
 from trainer.callbacks.flops import PEAK_FLOPS, peak_flops
 from helpers import Regressor, loader, quiet_trainer
 from trainer.strategies import ConfigurationError
-from trainer.strategies.activation_checkpointing import SavedTensorBytes, apply_activation_checkpointing
+from trainer.strategies.speed.activation_checkpointing import SavedTensorBytes, apply_activation_checkpointing
 from test_ddp_processes import Job, clean_env
 from trainer import Engine, TrainModule
 from trainer.profiler.profilers import PyTorchProfiler, SimpleProfiler

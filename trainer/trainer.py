@@ -14,8 +14,8 @@ import torch
 from trainer.callbacks.callback import Callback
 from trainer.loggers.logger import Logger
 from trainer.strategies.connector import build_strategy
-from trainer.strategies.activation_checkpointing import apply_activation_checkpointing, check_block_classes
-from trainer.strategies.compile import check_compile
+from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
+from trainer.strategies.speed.compile import check_compile
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_warn
 from trainer.strategies.strategy import Strategy

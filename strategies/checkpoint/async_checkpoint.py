@@ -7,7 +7,7 @@
   ``non_blocking`` and awaited by the writer, so the training thread never synchronises with the device) — and
   the write starts. Training, optimizer steps included, goes on at once: it changes the live tensors, not the
   copy. Only the next save waits, and only while the previous write is unfinished.
-- full files are written by the thread with :func:`~trainer.strategies.checkpoint_io.atomic_save` (temporary name,
+- full files are written by the thread with :func:`~trainer.strategies.checkpoint.checkpoint_io.atomic_save` (temporary name,
   fsync, rename); sharded folders by ``torch.distributed.checkpoint.async_save`` on a process group of their
   own (collectives on the training's group from two threads could interleave differently on each rank).
 - what must follow the new checkpoint — ``last`` pointing at it, older checkpoints deleted — is queued with
@@ -110,7 +110,7 @@ class BackgroundWriter:
 
     def save_file(self, checkpoint: dict[str, Any], path: Any) -> None:
         """Stage ``checkpoint`` now and write it as one file (atomically) in the background."""
-        from trainer.strategies.checkpoint_io import atomic_save
+        from trainer.strategies.checkpoint.checkpoint_io import atomic_save
 
         self.wait()  # the stager's buffers still hold the previous save until its write is done
         staged = self.stager.stage(checkpoint)

@@ -5,10 +5,10 @@ folder, flushed and fsynced, then renamed over the target, so a crash mid-write 
 intact. Every checkpoint read goes through :func:`safe_load`: tensors and plain Python values only, so a
 hostile pickle cannot run code.
 
-A sharded checkpoint is a folder (see :mod:`trainer.strategies.sharded_checkpoint`); :func:`atomic_link`,
+A sharded checkpoint is a folder (see :mod:`trainer.strategies.checkpoint.sharded_checkpoint`); :func:`atomic_link`,
 :func:`remove_checkpoint` and :func:`replace_folder` accept folders as well as files. Paths may be fsspec URLs
-(:mod:`trainer.strategies.storage`): the same functions then upload under a temporary name and commit last. Before a
-file is unpickled it is checked against the sizes and CRC-32s it recorded (:mod:`trainer.strategies.checkpoint_manifest`).
+(:mod:`trainer.strategies.checkpoint.storage`): the same functions then upload under a temporary name and commit last. Before a
+file is unpickled it is checked against the sizes and CRC-32s it recorded (:mod:`trainer.strategies.checkpoint.checkpoint_manifest`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, Iterator, Optional
 
 import torch
 
-from trainer.strategies import storage
+from trainer.strategies.checkpoint import storage
 
 
 class CheckpointError(RuntimeError):
@@ -225,7 +225,7 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     when the file is corrupt/truncated or holds objects that would need arbitrary code to rebuild. The
     restricted unpickler refuses such objects before constructing them, so a hostile file runs nothing.
     The file is first checked against the sizes and CRC-32s it recorded
-    (:func:`trainer.strategies.checkpoint_manifest.verify_file`), once per file version and process.
+    (:func:`trainer.strategies.checkpoint.checkpoint_manifest.verify_file`), once per file version and process.
     """
     if storage.is_remote(path):
         return _safe_load_remote(os.fspath(path), map_location)
@@ -245,14 +245,14 @@ _VERIFIED: dict[str, tuple[int, int]] = {}  # path -> (size, mtime) of the versi
 
 
 def verify_once(path: str | os.PathLike) -> None:
-    """:func:`~trainer.strategies.checkpoint_manifest.verify_checkpoint` unless this version of ``path`` passed already
+    """:func:`~trainer.strategies.checkpoint.checkpoint_manifest.verify_checkpoint` unless this version of ``path`` passed already
     in this process (the ``"last"`` lookup checks a candidate before every rank loads it)."""
-    from trainer.strategies.checkpoint_manifest import verify_checkpoint
+    from trainer.strategies.checkpoint.checkpoint_manifest import verify_checkpoint
 
     key = os.fspath(path)
     stamped = key
     if storage.isdir(key):  # a folder: its manifest, rewritten by every save of it
-        from trainer.strategies.checkpoint_manifest import MANIFEST_FILE
+        from trainer.strategies.checkpoint.checkpoint_manifest import MANIFEST_FILE
 
         stamped = storage.join(key, MANIFEST_FILE)
     stamp = (storage.size(stamped), storage.modified_ns(stamped)) if storage.exists(stamped) else (-1, -1)

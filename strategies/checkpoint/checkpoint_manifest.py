@@ -9,7 +9,7 @@
   file in it (:func:`write_folder_manifest`). A folder without it is unfinished (or older than manifests: a
   local folder from before them still loads, unchecked).
 
-A truncated or corrupted checkpoint is refused with a :class:`~trainer.strategies.checkpoint_io.CheckpointError` naming
+A truncated or corrupted checkpoint is refused with a :class:`~trainer.strategies.checkpoint.checkpoint_io.CheckpointError` naming
 the file and what is wrong; ``ckpt_path="last"``/``"auto"`` then fall back to the previous good checkpoint.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import zipfile
 import zlib
 from typing import Any, Optional
 
-from trainer.strategies import storage
-from trainer.strategies.checkpoint_io import CheckpointError
+from trainer.strategies.checkpoint import storage
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -96,7 +96,7 @@ def _folder_files(folder: str) -> dict[str, str]:
 
 def write_folder_manifest(folder: str, extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Record the size and CRC-32 of every file in ``folder`` in its ``manifest.json`` (written last)."""
-    from trainer.strategies.checkpoint_io import atomic_write_bytes
+    from trainer.strategies.checkpoint.checkpoint_io import atomic_write_bytes
 
     files = {}
     for relative, path in sorted(_folder_files(folder).items()):

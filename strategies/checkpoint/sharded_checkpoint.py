@@ -15,7 +15,7 @@ ranks, into another sharded strategy, or into one process (:func:`load_full`, :f
 
 Writes are atomic: the ranks write into a temporary folder beside the target, which global rank 0 renames
 once every rank has finished, after writing ``manifest.json`` (the size and CRC-32 of every file, checked before
-a load) last (:mod:`trainer.strategies.sharded_storage`; also for fsspec URLs). With a :class:`BackgroundWriter` the
+a load) last (:mod:`trainer.strategies.checkpoint.sharded_storage`; also for fsspec URLs). With a :class:`BackgroundWriter` the
 shards go through ``dcp.async_save`` and the commit happens in the writer thread. Reads are safe: DCP's ``.metadata`` is unpickled through an allow-list of the
 classes it consists of, tensors are read with ``weights_only=True`` and ``meta.pt`` through ``safe_load``;
 DCP entries that would be unpickled as arbitrary objects are refused.
@@ -32,12 +32,14 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from trainer.strategies import sharded_storage, storage
-from trainer.strategies.checkpoint_io import CheckpointError, atomic_save, safe_load, verify_once
+from trainer.strategies.checkpoint import sharded_storage
+
+from trainer.strategies.checkpoint import storage
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, atomic_save, safe_load, verify_once
 from trainer.strategies.errors import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.strategies.async_checkpoint import BackgroundWriter
+    from trainer.strategies.checkpoint.async_checkpoint import BackgroundWriter
     from trainer.strategies.strategy import Strategy
 
 SHARDED_SECTIONS = ("state_dict", "optimizer_states", "accumulated_grads")

@@ -1,7 +1,7 @@
 """Where a sharded checkpoint folder is written and how it is committed, on a local disk or an fsspec URL.
 
 The ranks write into a temporary folder beside the target; global rank 0 then writes the rest of the
-checkpoint (``meta.pt``) and the manifest (:mod:`trainer.strategies.checkpoint_manifest`, sizes and CRC-32s of every
+checkpoint (``meta.pt``) and the manifest (:mod:`trainer.strategies.checkpoint.checkpoint_manifest`, sizes and CRC-32s of every
 file) and commits: a rename locally, an object-by-object copy with the manifest last remotely.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer.strategies import storage
-from trainer.strategies.checkpoint_io import (
+from trainer.strategies.checkpoint import storage
+from trainer.strategies.checkpoint.checkpoint_io import (
     atomic_save,
     remove_stale_temporaries,
     replace_folder,
@@ -50,7 +50,7 @@ def dcp_writer(tmp: str) -> Any:
 
 def commit_folder(meta: dict[str, Any], tmp: str, target: str, meta_file: str, info: dict[str, Any]) -> None:
     """Global rank 0, after every rank's shards are written: ``meta.pt``, the manifest, then the commit."""
-    from trainer.strategies.checkpoint_manifest import write_folder_manifest
+    from trainer.strategies.checkpoint.checkpoint_manifest import write_folder_manifest
 
     atomic_save(meta, storage.join(tmp, meta_file))
     write_folder_manifest(tmp, {"sharded_checkpoint": info})

@@ -7,7 +7,7 @@ rest of the code used before URLs were accepted.
 
 Object stores have no atomic rename: a remote file is uploaded under a temporary name and then copied to its
 name (one server-side copy, which an object store commits whole) before the temporary is deleted. A remote
-sharded folder is committed object by object with its manifest copied last (:mod:`trainer.strategies.checkpoint_manifest`):
+sharded folder is committed object by object with its manifest copied last (:mod:`trainer.strategies.checkpoint.checkpoint_manifest`):
 a folder without its manifest is an unfinished one and is never loaded or picked by ``ckpt_path="last"``.
 """
 from __future__ import annotations
@@ -209,7 +209,7 @@ def remove_stale_remote_temporaries(url: str) -> None:
 def copy_remote(src: str, dst: str) -> None:
     """Copy the remote file or folder ``src`` to ``dst`` (server-side where the store can); a folder's
     manifest goes last, so the copy is complete once it is there."""
-    from trainer.strategies.checkpoint_manifest import MANIFEST_FILE
+    from trainer.strategies.checkpoint.checkpoint_manifest import MANIFEST_FILE
 
     fs, src_inner = filesystem(src)
     _, dst_inner = filesystem(dst)

@@ -16,11 +16,11 @@ from typing import Any, ContextManager, Optional, Union
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.strategies.environments import ClusterEnvironment
-from trainer.strategies.hang_report import DEFAULT_TRAIN_TIMEOUT_S
+from trainer.strategies.launch.environments import ClusterEnvironment
+from trainer.strategies.launch.hang_report import DEFAULT_TRAIN_TIMEOUT_S
 from trainer.strategies.parallel import ParallelStrategy
-from trainer.strategies.precision import Precision
-from trainer.strategies.redirection import ForwardRedirection
+from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.data_parallel.redirection import ForwardRedirection
 from trainer.strategies.strategy import materialize_on
 
 _NULL_CONTEXT = contextlib.nullcontext()
@@ -37,7 +37,7 @@ class DDPStrategy(ParallelStrategy):
         gradient_as_bucket_view: gradients alias DDP's communication buckets (saves memory and a copy).
         timeout: process-group timeout (seconds or ``timedelta``) while the job starts; torch's default if None.
         train_timeout: the timeout after the first optimizer step (default 300 s): a rank that stops answering
-            then ends the job, named (:mod:`trainer.strategies.hang_report`). None keeps ``timeout``.
+            then ends the job, named (:mod:`trainer.strategies.launch.hang_report`). None keeps ``timeout``.
         process_group_backend: ``"gloo"``/``"nccl"``; None picks nccl on CUDA and gloo on the CPU.
         cluster_environment: override detection (torchrun / SLURM / local).
         **ddp_kwargs: passed on to ``DistributedDataParallel`` (e.g. ``bucket_cap_mb``, ``broadcast_buffers``).

@@ -37,12 +37,12 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from trainer.strategies.checkpoint_io import replace_folder, temporary_name
-from trainer.strategies.environments import ClusterEnvironment
+from trainer.strategies.checkpoint.checkpoint_io import replace_folder, temporary_name
+from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.parallel import ParallelStrategy
-from trainer.strategies.precision import HalfPrecision, Precision
-from trainer.strategies.redirection import ForwardRedirection
+from trainer.strategies.precision.plugins import HalfPrecision, Precision
+from trainer.strategies.data_parallel.redirection import ForwardRedirection
 
 _TAG = "checkpoint"
 _NULL_CONTEXT = contextlib.nullcontext()
@@ -348,7 +348,7 @@ def build_cpu_ops() -> None:
 
     DeepSpeed builds it just in time, in the first job that needs it: a minute or more of compiling on a small
     machine, inside that job's time, and a job killed meanwhile leaves a lock that makes the next one wait forever.
-    ``make install`` runs this once (``python -m trainer.strategies.deepspeed``); the build is cached in torch's extension
+    ``make install`` runs this once (``python -m trainer.strategies.data_parallel.deepspeed``); the build is cached in torch's extension
     folder (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``).
     """
     os.environ.setdefault("DS_ACCELERATOR", "cpu")

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision import Precision
+from trainer.strategies.precision.plugins import Precision
 from trainer.strategies.strategy import Strategy
 
 

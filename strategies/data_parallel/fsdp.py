@@ -17,7 +17,7 @@ reduce gradients in float32 (``MixedPrecisionPolicy(param_dtype, reduce_dtype=fl
 autocast around the step; "-true" precisions convert the module before sharding.
 
 Checkpoints are sharded folders by default (``state_dict_type="sharded"``, see
-:mod:`trainer.strategies.sharded_checkpoint`); ``"full"`` gathers one file on global rank 0.
+:mod:`trainer.strategies.checkpoint.sharded_checkpoint`); ``"full"`` gathers one file on global rank 0.
 """
 from __future__ import annotations
 
@@ -30,14 +30,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from trainer.strategies.deferred_init import has_meta_tensors, materialize
-from trainer.strategies.environments import ClusterEnvironment
-from trainer.strategies.hang_report import DEFAULT_TRAIN_TIMEOUT_S
+from trainer.strategies.speed.deferred_init import has_meta_tensors, materialize
+from trainer.strategies.launch.environments import ClusterEnvironment
+from trainer.strategies.launch.hang_report import DEFAULT_TRAIN_TIMEOUT_S
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.parallel import ParallelStrategy
-from trainer.strategies.precision import HalfPrecision, MixedPrecision, Precision
-from trainer.strategies.redirection import ForwardRedirection
-from trainer.strategies.sharded_checkpoint import (
+from trainer.strategies.precision.plugins import HalfPrecision, MixedPrecision, Precision
+from trainer.strategies.data_parallel.redirection import ForwardRedirection
+from trainer.strategies.checkpoint.sharded_checkpoint import (
     ShardedCheckpointIO,
     check_state_dict_type,
     is_dtensor,
@@ -202,7 +202,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
     def compile_module(self, module: nn.Module, options: dict[str, Any]) -> None:
         """Compile each FSDP unit's forward on its own (as torchtitan does), FSDP's hooks eager around them; without
         units below the root, the module's forward."""
-        from trainer.strategies.compile import compile_forward
+        from trainer.strategies.speed.compile import compile_forward
 
         for unit in self._units or [module]:
             compile_forward(unit, options)
@@ -220,7 +220,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
     def module_init_context(self, empty_init: Optional[bool] = None) -> Any:
         """Modules are built on the ``meta`` device (no memory) unless ``empty_init=False``; ``setup_module``
         shards them and each rank materialises and initialises only its shards."""
-        from trainer.strategies.deferred_init import module_init_context
+        from trainer.strategies.speed.deferred_init import module_init_context
 
         return module_init_context(self._init_device(), self.precision, empty_init, meta=empty_init is not False)
 

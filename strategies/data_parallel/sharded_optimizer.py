@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.sharded_checkpoint import is_dtensor
+from trainer.strategies.checkpoint.sharded_checkpoint import is_dtensor
 
 
 BUCKET_BYTES = 32 * 2**20  # full-parameter bytes gathered per collective (DDP buckets gradients by 25 MiB)

@@ -1,13 +1,13 @@
 """``ZeroStrategy(stage=1|2)``: ZeRO-style data parallelism. ``strategy="zero1"`` and ``"zero2"``.
 
 - **Stage 1** (``Zero1Strategy``): DDP as usual (full parameters and gradients on every rank, gradients
-  all-reduced), but the optimizer is a :class:`~trainer.strategies.sharded_optimizer.ShardedOptimizer` around the
+  all-reduced), but the optimizer is a :class:`~trainer.strategies.data_parallel.sharded_optimizer.ShardedOptimizer` around the
   user's: each rank keeps the state of, and steps, an even dim-0 slice of every parameter (a ``DTensor``
   ``Shard(0)`` over all ranks, as FSDP2 lays parameters out), then the slices are all-gathered. Optimizer-state
   memory drops to 1/world on every rank (Adam: 8 bytes per parameter become 8/world), whatever the sizes.
 - **Stage 2** (``Zero2Strategy``): FSDP2 with ``reshard_after_forward=False`` (SHARD_GRAD_OP): gradients and
   optimizer state are sharded, parameters are gathered once per step and kept from forward through backward.
-  See :mod:`trainer.strategies.fsdp`.
+  See :mod:`trainer.strategies.data_parallel.fsdp`.
 
 ``ZeroStrategy(stage=...)`` returns the class for that stage, so ``isinstance(s, ZeroStrategy)`` holds for both.
 
@@ -22,20 +22,20 @@ from typing import Any, Optional, Union
 
 from torch.optim import Optimizer
 
-from trainer.strategies.ddp import DDPStrategy
-from trainer.strategies.environments import ClusterEnvironment
+from trainer.strategies.data_parallel.ddp import DDPStrategy
+from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.fsdp import FSDPStrategy
+from trainer.strategies.data_parallel.fsdp import FSDPStrategy
 from trainer.strategies.parallel import ParallelStrategy
-from trainer.strategies.precision import Precision
-from trainer.strategies.sharded_checkpoint import (
+from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.checkpoint.sharded_checkpoint import (
     ShardedCheckpointIO,
     check_state_dict_type,
     optimizer_state_by_index,
     optimizer_state_by_name,
     parameter_names,
 )
-from trainer.strategies.sharded_optimizer import ShardedOptimizer
+from trainer.strategies.data_parallel.sharded_optimizer import ShardedOptimizer
 
 
 class ZeroStrategy(ParallelStrategy):
@@ -66,7 +66,7 @@ class Zero2Strategy(ZeroStrategy, FSDPStrategy):
 
 
 class Zero1Strategy(ShardedCheckpointIO, ZeroStrategy, DDPStrategy):
-    """ZeRO stage 1: DDP with each optimizer rebuilt as a :class:`~trainer.strategies.sharded_optimizer.ShardedOptimizer`
+    """ZeRO stage 1: DDP with each optimizer rebuilt as a :class:`~trainer.strategies.data_parallel.sharded_optimizer.ShardedOptimizer`
     (every rank steps and keeps the state of an even dim-0 slice of every parameter).
 
     Args:

@@ -8,7 +8,7 @@ inputs to its own device; the whole module's output is moved back to the first d
 steps every parameter on the device it lives on.
 
 ``device_map="auto"`` balances parameter and buffer bytes across the devices under ``max_memory``
-(:func:`trainer.strategies.device_map.plan_device_map`); an explicit ``{submodule name: device}`` is also accepted,
+(:func:`trainer.strategies.nd.device_map.plan_device_map`); an explicit ``{submodule name: device}`` is also accepted,
 e.g. ``{"encoder": 0, "decoder": 1}`` for a sequence-to-sequence model (ints index the Trainer's devices).
 
 Within a module whose children are on different devices, its own code sees each child's output on that
@@ -24,9 +24,9 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from trainer.strategies.device_map import Budget, plan_device_map, resolve_device_map, tensor_devices
+from trainer.strategies.nd.device_map import Budget, plan_device_map, resolve_device_map, tensor_devices
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision import Precision
+from trainer.strategies.precision.plugins import Precision
 from trainer.strategies.strategy import Strategy, move_to_device
 
 
@@ -41,7 +41,7 @@ class _EitherForm(type):
     def __instancecheck__(cls, obj: Any) -> bool:
         if type.__instancecheck__(cls, obj):
             return True
-        mesh_form = sys.modules.get("trainer.strategies.nd_parallel")
+        mesh_form = sys.modules.get("trainer.strategies.nd.nd_parallel")
         return cls is ModelParallelStrategy and mesh_form is not None and isinstance(
             obj, mesh_form.LightningModelParallelStrategy)  # fmt: skip
 
@@ -56,7 +56,7 @@ class ModelParallelStrategy(Strategy, metaclass=_EitherForm):
     - ``ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size="auto", save_distributed_checkpoint=True,
       process_group_backend=None, timeout=...)`` as in Lightning: one process per device on a 2-D ``DeviceMesh``
       with dims ``"data_parallel"`` and ``"tensor_parallel"``; ``configure_model`` applies the TP plan and may call
-      ``fully_shard``. It builds a :class:`trainer.strategies.nd_parallel.LightningModelParallelStrategy`.
+      ``fully_shard``. It builds a :class:`trainer.strategies.nd.nd_parallel.LightningModelParallelStrategy`.
 
     Args:
         device_map: ``"auto"`` or ``{submodule name: device}`` (a device, ``"cuda:1"``, or an index into the
@@ -78,7 +78,7 @@ class ModelParallelStrategy(Strategy, metaclass=_EitherForm):
                     f"ModelParallelStrategy got {lightning} (the device-mesh form: one process per device) and "
                     f"{mixed or 'a device map'} (the device-map form: one process, several devices). Use one form."
                 )
-            from trainer.strategies.nd_parallel import LightningModelParallelStrategy
+            from trainer.strategies.nd.nd_parallel import LightningModelParallelStrategy
 
             return LightningModelParallelStrategy(*args, **kwargs)
         return super().__new__(cls)

@@ -10,13 +10,13 @@ What happens, in order (torchtitan's order):
    layers and, with ``tp > 1``, applies its tensor-parallel plan:
    ``parallelize_module(block, self.device_mesh["tp"], {"attn.q": ColwiseParallel(), ...})``. It may also call
    ``fully_shard(block, mesh=self.device_mesh["dp_shard"])`` itself.
-2. With ``pp > 1`` the module is cut to this rank's pipeline stage (:mod:`trainer.strategies.pipeline`).
+2. With ``pp > 1`` the module is cut to this rank's pipeline stage (:mod:`trainer.strategies.nd.pipeline`).
 3. Where ``configure_model`` did not shard, FSDP2 shards over the data-parallel dimensions: ``dp_shard`` alone,
    or HSDP over ``(dp_replicate, dp_shard)`` (replicated across ``dp_replicate``, sharded within ``dp_shard``).
    Units follow ``auto_wrap_policy``; a root unit takes whatever is left (and, without pipeline parallel, runs
    ``training_step`` inside its forward as ``FSDPStrategy`` does).
 4. Only then do tensors get memory: each rank allocates and initialises its own shards
-   (:func:`trainer.strategies.deferred_init.materialize`); parts replicated across ranks are made equal.
+   (:func:`trainer.strategies.speed.deferred_init.materialize`); parts replicated across ranks are made equal.
 
 Data: the ranks of one tensor-parallel group and of one pipeline see the same batch; the sampler splits the data
 ``dp_replicate × dp_shard`` ways. Checkpoints are sharded folders (or, ``state_dict_type="full"``, one file) keyed
@@ -33,14 +33,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from trainer.strategies.deferred_init import has_meta_tensors, materialize
-from trainer.strategies.environments import ClusterEnvironment
+from trainer.strategies.speed.deferred_init import has_meta_tensors, materialize
+from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.fsdp import FSDPStrategy, _Root, wrap_targets
-from trainer.strategies.mesh import ROLES, MeshLayout, Size, build_device_mesh, check_size, check_sizes, resolve_layout
-from trainer.strategies.pipeline import SCHEDULES, PipelineRunner, forward_returns, keep_stage, split_batch
-from trainer.strategies.precision import MixedPrecision, Precision
-from trainer.strategies.sharded_checkpoint import is_dtensor, keyed_by_name, optimizer_state_by_name
+from trainer.strategies.data_parallel.fsdp import FSDPStrategy, _Root, wrap_targets
+from trainer.strategies.nd.mesh import ROLES, MeshLayout, Size, build_device_mesh, check_size, check_sizes, resolve_layout
+from trainer.strategies.nd.pipeline import SCHEDULES, PipelineRunner, forward_returns, keep_stage, split_batch
+from trainer.strategies.precision.plugins import MixedPrecision, Precision
+from trainer.strategies.checkpoint.sharded_checkpoint import is_dtensor, keyed_by_name, optimizer_state_by_name
 
 _NATIVE_NAMES = {role: role for role in ROLES}
 
@@ -60,7 +60,7 @@ class NDParallelStrategy(FSDPStrategy):
             pipeline bubble (idle time ≈ (pp − 1) / (microbatches + pp − 1) of a step).
         pipeline_schedule: ``"1F1B"`` (default: one forward, one backward in the steady state; activations of at
             most ``pp`` micro-batches alive) or ``"GPipe"`` (all forwards, then all backwards).
-        **fsdp_kwargs: as for :class:`~trainer.strategies.fsdp.FSDPStrategy` (``auto_wrap_policy``,
+        **fsdp_kwargs: as for :class:`~trainer.strategies.data_parallel.fsdp.FSDPStrategy` (``auto_wrap_policy``,
             ``reshard_after_forward``, ``mixed_precision``, ``state_dict_type``, ``sync_module_states``, ``timeout``,
             ``process_group_backend``, ``cluster_environment``, ``precision``, ...).
     """
@@ -282,7 +282,7 @@ class NDParallelStrategy(FSDPStrategy):
     ) -> Optional[Tensor]:
         """Clip by the norm of the whole model's gradients: reduced over every mesh the shards live on and, with
         pipeline parallel, over the stages."""
-        from trainer.strategies.clipping import clip_grad_norm_over_mesh, clip_grad_value_over_mesh
+        from trainer.strategies.nd.clipping import clip_grad_norm_over_mesh, clip_grad_value_over_mesh
 
         if algorithm != "norm":
             clip_grad_value_over_mesh(parameters, clip_val)

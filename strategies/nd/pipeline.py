@@ -8,7 +8,7 @@ How a module is split (torchtitan's way: no tracing, the module's own code runs 
   ``embed, layers.0, ..., layers.11, norm, head``.
 - **Stage boundaries**: ``module.pipeline_split_points`` (a list, or a method ``(num_stages) -> list``) names the
   unit each later stage starts at, e.g. ``["layers.6"]`` for two stages; without it, the device-map planner
-  (:func:`trainer.strategies.device_map.plan_device_map`) assigns whole units to stages by parameter bytes.
+  (:func:`trainer.strategies.nd.device_map.plan_device_map`) assigns whole units to stages by parameter bytes.
 - Each rank keeps only its stage: the other units are removed (a container loses the entries, keeping the
   others' names, so state-dict keys stay those of the whole model; a direct child becomes ``None``). The
   module's ``forward`` must therefore skip what is missing and accept the previous stage's output as its input,
@@ -80,8 +80,8 @@ def assign_stages(module: nn.Module, num_stages: int) -> list[int]:
 
 
 def _planned_stages(module: nn.Module, units: list[tuple[str, nn.Module, str]], num_stages: int) -> list[int]:
-    # The memory planner's split (trainer.strategies.pipeline_stages), so `trainer estimate-memory` predicts this one.
-    from trainer.strategies.pipeline_stages import auto_boundaries, module_stages
+    # The memory planner's split (trainer.strategies.nd.pipeline_stages), so `trainer estimate-memory` predicts this one.
+    from trainer.strategies.nd.pipeline_stages import auto_boundaries, module_stages
 
     unit_types = tuple({type(owner._modules[key]) for _, owner, key in units})
     try:

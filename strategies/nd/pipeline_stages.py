@@ -5,7 +5,7 @@ A split is given by its boundaries: the names of the modules that begin stages 1
 modules in registration order (the order they usually run in), stage ``k`` holds what comes from boundary
 ``k`` up to boundary ``k+1``: for a GPT with boundaries ``["transformer.h.24"]``, stage 0 holds the embeddings
 and blocks 0-23, stage 1 blocks 24-47, the final norm and the head. :func:`auto_boundaries` takes them from
-the device-map planner (:func:`trainer.strategies.device_map.plan_device_map`): stages balanced by bytes, blocks kept
+the device-map planner (:func:`trainer.strategies.nd.device_map.plan_device_map`): stages balanced by bytes, blocks kept
 whole.
 
 Tied weights: a parameter used by modules on two stages (an embedding on the first, the head tied to it on
@@ -18,7 +18,7 @@ from typing import Sequence
 
 from torch import nn
 
-from trainer.strategies.device_map import plan_device_map
+from trainer.strategies.nd.device_map import plan_device_map
 from trainer.strategies.errors import ConfigurationError
 
 

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sharded_train import allocated_bytes  # noqa: E402
-from trainer.strategies.sharded_checkpoint import is_dtensor  # noqa: E402
-from trainer.strategies.tp_plan import megatron_plan  # noqa: E402
-from trainer.strategies.mesh import MeshLayout  # noqa: E402
+from trainer.strategies.checkpoint.sharded_checkpoint import is_dtensor  # noqa: E402
+from trainer.strategies.nd.tp_plan import megatron_plan  # noqa: E402
+from trainer.strategies.nd.mesh import MeshLayout  # noqa: E402
 from trainer.memory.planner import estimate_layout  # noqa: E402
 
 VOCAB, WIDTH, HEADS, CONTEXT, BLOCKS = 50, 16, 4, 8, 3  # vocab 50: uneven over 4 (13, 13, 13, 11) and FSDP-padded
@@ -162,7 +162,7 @@ def zero1_step(rank: int, whole: nn.Module) -> dict:
     many small buckets) against plain AdamW on the same gradients: its weights and its state's bytes."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainer.strategies.sharded_optimizer import ShardedOptimizer
+    from trainer.strategies.data_parallel.sharded_optimizer import ShardedOptimizer
     from trainer.memory.planner import estimate
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from trainer.callbacks import Callback, ModelCheckpoint  # noqa: E402
-from trainer.strategies.sharded_checkpoint import consolidate, is_dtensor  # noqa: E402
+from trainer.strategies.checkpoint.sharded_checkpoint import consolidate, is_dtensor  # noqa: E402
 from trainer.strategies import ConfigurationError  # noqa: E402
 from trainer import Trainer, TrainModule  # noqa: E402
 
@@ -259,7 +259,7 @@ def deepspeed_job(out: Path) -> dict:
     (its checkpoints also hold the gathered weights, as Accelerate's zero3_save_16bit_model asks)."""
     import deepspeed
 
-    from trainer.strategies.deepspeed import DeepSpeedStrategy
+    from trainer.strategies.data_parallel.deepspeed import DeepSpeedStrategy
 
     def strategy(**options) -> DeepSpeedStrategy:
         return DeepSpeedStrategy(config={"gradient_clipping": CLIP}, **{"stage": 2, **options})

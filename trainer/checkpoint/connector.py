@@ -5,12 +5,12 @@ A checkpoint is a plain dict of tensors and Python values (loadable with ``torch
 ``global_step``, ``loops`` (progress counters and ``should_stop``), ``rng`` (every global RNG at the save),
 ``train_sampler`` (the random state the epoch's shuffle was drawn from, see :mod:`trainer.checkpoint.data_position`),
 ``accumulated_grads`` (only when saved inside an accumulation window), ``callbacks``, ``hyper_parameters``,
-``datamodule``. Files are written atomically and read safely through :mod:`trainer.strategies.checkpoint_io`.
-The strategy chooses the format: sharded strategies write folders (:mod:`trainer.strategies.sharded_checkpoint`) whose
+``datamodule``. Files are written atomically and read safely through :mod:`trainer.strategies.checkpoint.checkpoint_io`.
+The strategy chooses the format: sharded strategies write folders (:mod:`trainer.strategies.checkpoint.sharded_checkpoint`) whose
 ``state_dict``/``optimizer_states`` hold each rank's shards; every strategy reads both kinds.
 
 Saving asynchronously (``save(path, asynchronous=True)``) hands the write to a :class:`BackgroundWriter`
-(:mod:`trainer.strategies.async_checkpoint`); which checkpoint ``"last"``/``"auto"`` resume from is
+(:mod:`trainer.strategies.checkpoint.async_checkpoint`); which checkpoint ``"last"``/``"auto"`` resume from is
 :mod:`trainer.checkpoint.auto_resume`'s policy, found by :mod:`trainer.checkpoint.lookup`.
 
 Exact resume: the restored fit puts the saved RNG back just before its first epoch starts; mid-epoch, the
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 
-from trainer.strategies import storage
-from trainer.strategies.checkpoint_io import CheckpointError, safe_load, verify_once
+from trainer.strategies.checkpoint import storage
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, safe_load, verify_once
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 from trainer.checkpoint import auto_resume
@@ -109,7 +109,7 @@ class CheckpointConnector:
     def writer(self) -> Any:
         """The background writer of asynchronous saves (created on first use)."""
         if self._writer is None:
-            from trainer.strategies.async_checkpoint import BackgroundWriter
+            from trainer.strategies.checkpoint.async_checkpoint import BackgroundWriter
 
             self._writer = BackgroundWriter()
         return self._writer
@@ -140,7 +140,7 @@ class CheckpointConnector:
     def _accumulated_grads(self) -> dict[str, Any]:
         """Gradients of an unfinished accumulation window: per rank (gathered) where they are not all-reduced yet;
         as they are where a sharded strategy already reduced them into this rank's shard (``reduced``)."""
-        from trainer.strategies.sharded_checkpoint import is_dtensor
+        from trainer.strategies.checkpoint.sharded_checkpoint import is_dtensor
 
         strategy = self.trainer.strategy
         world_size = strategy.world_size

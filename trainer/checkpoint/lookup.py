@@ -1,8 +1,8 @@
 """Finding the newest good checkpoint of a run (``ckpt_path="last"``/``"auto"``; policy in :mod:`trainer.checkpoint.auto_resume`).
 
 Candidates are the ``*.ckpt`` files and sharded folders in the run's checkpoint folders, local or fsspec URLs
-(:mod:`trainer.strategies.storage`), newest first. Each is checked against what it recorded when it was written
-(:func:`trainer.strategies.checkpoint_io.verify_once`) before it is chosen; a damaged one is skipped with a warning.
+(:mod:`trainer.strategies.checkpoint.storage`), newest first. Each is checked against what it recorded when it was written
+(:func:`trainer.strategies.checkpoint.checkpoint_io.verify_once`) before it is chosen; a damaged one is skipped with a warning.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import os
 import re
 from typing import Iterable, Optional
 
-from trainer.strategies import storage
-from trainer.strategies.checkpoint_io import CheckpointError, verify_once
-from trainer.strategies.checkpoint_manifest import MANIFEST_FILE
+from trainer.strategies.checkpoint import storage
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, verify_once
+from trainer.strategies.checkpoint.checkpoint_manifest import MANIFEST_FILE
 from trainer.strategies.rank import rank_zero_warn
 
 EXTENSION = ".ckpt"
@@ -27,7 +27,7 @@ def checkpoints_in(folder: str) -> list[str]:
 
 def remove_dead_temporaries(folder: str) -> None:
     """Delete the temporaries that writers killed mid-save left in a local ``folder`` (their process is gone)."""
-    from trainer.strategies.checkpoint_io import remove_checkpoint
+    from trainer.strategies.checkpoint.checkpoint_io import remove_checkpoint
 
     if storage.is_remote(folder):
         return  # no process ids to check there; a later save of the same name replaces its temporary

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainer.strategies.checkpoint_io import CheckpointError
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.sharded_checkpoint import consolidate
+from trainer.strategies.checkpoint.sharded_checkpoint import consolidate
 from trainer.cli.common import command_parser
 
 

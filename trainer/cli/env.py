@@ -70,7 +70,7 @@ def _backends(torch: Any) -> dict[str, bool]:
 
 def _cluster() -> dict[str, Any]:
     """The detected cluster environment and this process's place in it."""
-    from trainer.strategies.environments import detect_environment
+    from trainer.strategies.launch.environments import detect_environment
 
     try:
         env = detect_environment()

@@ -94,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
     print(layout_report(module, layouts, args.device_memory, tp_plan=plan, pipeline=pipeline,
                         microbatches=args.microbatches, schedule=args.schedule, **common))  # fmt: skip
     if args.tp_plan == "megatron" and plan:
-        from trainer.strategies.tp_plan import format_plan
+        from trainer.strategies.nd.tp_plan import format_plan
 
         print("The 'megatron' TP plan, for parallelize_module(model, tp_mesh, {...}):\n    "
               + format_plan(plan).replace("\n", "\n    "))  # fmt: skip
@@ -108,7 +108,7 @@ def _tp_plan(spec: Any, module: nn.Module, policy: Any) -> Any:
             "FILE.py:FUNCTION returning the dict you pass to parallelize_module."
         )
     if spec == "megatron":
-        from trainer.strategies.tp_plan import megatron_plan
+        from trainer.strategies.nd.tp_plan import megatron_plan
 
         return megatron_plan(module, policy or ())
     function = load_object(spec, "function")

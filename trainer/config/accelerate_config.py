@@ -12,7 +12,7 @@ that only tune how Accelerate's FSDP wraps a model are ignored with one warning.
 | Accelerate key | ours |
 |---|---|
 | ``distributed_type`` NO / MULTI_CPU / MULTI_GPU | one process / ``strategy: ddp`` on CPUs / on GPUs |
-| ``distributed_type`` DEEPSPEED + ``deepspeed_config`` | ``trainer.strategies.deepspeed.DeepSpeedStrategy`` (``zero_stage``, offload devices and NVMe paths, ``zero3_init_flag``, ``zero3_save_16bit_model``, ``gradient_clipping``, ``deepspeed_config_file``); CPU processes with ``use_cpu: true`` |
+| ``distributed_type`` DEEPSPEED + ``deepspeed_config`` | ``trainer.strategies.data_parallel.deepspeed.DeepSpeedStrategy`` (``zero_stage``, offload devices and NVMe paths, ``zero3_init_flag``, ``zero3_save_16bit_model``, ``gradient_clipping``, ``deepspeed_config_file``); CPU processes with ``use_cpu: true`` |
 | ``distributed_type`` FSDP + ``fsdp_config.fsdp_sharding_strategy`` | FULL_SHARD: ``fsdp``, SHARD_GRAD_OP: ``zero2``, NO_SHARD: ``ddp`` |
 | ``num_processes`` (all machines) / ``num_machines`` | ``devices`` (per machine) / ``num_nodes`` |
 | ``machine_rank``, ``main_process_ip``, ``main_process_port`` | ``node_rank``, ``main_address``, ``main_port`` |
@@ -56,7 +56,7 @@ _DEEPSPEED_KEYS = ("zero_stage", "offload_optimizer_device", "offload_param_devi
                    "zero3_save_16bit_model", "deepspeed_multinode_launcher", "deepspeed_config_file",
                    "deepspeed_hostfile", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
                    "deepspeed_moe_layer_cls_names")  # fmt: skip
-_DEEPSPEED_CLASS = "trainer.strategies.deepspeed.DeepSpeedStrategy"
+_DEEPSPEED_CLASS = "trainer.strategies.data_parallel.deepspeed.DeepSpeedStrategy"
 # FSDP keys about how Accelerate wraps and saves a model: the fsdp strategy decides these itself.
 _FSDP_TUNING = ("fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params",
                 "fsdp_backward_prefetch", "fsdp_backward_prefetch_policy", "fsdp_forward_prefetch",

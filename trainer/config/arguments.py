@@ -15,7 +15,7 @@ from trainer.callbacks.callback import Callback
 from trainer.loggers.logger import Logger
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_info
-from trainer.strategies.storage import is_remote
+from trainer.strategies.checkpoint.storage import is_remote
 from trainer.data.loaders import validate_limit
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from trainer.strategies.checkpoint_io import CheckpointIO
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointIO
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision import Precision, canonical_precision
+from trainer.strategies.precision.plugins import Precision, canonical_precision
 
 
 @dataclass
@@ -24,7 +24,7 @@ class PluginSettings:
 def _is_cluster_environment(plugin: Any) -> bool:
     if not all(callable(getattr(plugin, name, None)) for name in ("world_size", "global_rank", "local_rank")):
         return False
-    from trainer.strategies.environments import ClusterEnvironment
+    from trainer.strategies.launch.environments import ClusterEnvironment
 
     return isinstance(plugin, ClusterEnvironment)
 
@@ -52,8 +52,8 @@ def sort_plugins(plugins: Any, precision: Any) -> PluginSettings:
         else:
             raise ConfigurationError(
                 f"plugins: {plugin!r} is not a plugin the Trainer knows. Pass a strategies.Precision (e.g. "
-                "MixedPrecision('bf16-mixed')), a cluster environment (trainer.strategies.environments.ClusterEnvironment) "
-                "or a checkpoint IO (trainer.strategies.checkpoint_io.CheckpointIO)."
+                "MixedPrecision('bf16-mixed')), a cluster environment (trainer.strategies.launch.environments.ClusterEnvironment) "
+                "or a checkpoint IO (trainer.strategies.checkpoint.checkpoint_io.CheckpointIO)."
             )
         if getattr(settings, kind) is not None:
             raise ConfigurationError(f"plugins: more than one {kind.replace('_', ' ')} plugin was given; pass one.")

@@ -28,8 +28,8 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
 from trainer.loggers.logger import Logger
-from trainer.strategies.checkpoint_io import atomic_save
-from trainer.strategies.compile import check_compile
+from trainer.strategies.checkpoint.checkpoint_io import atomic_save
+from trainer.strategies.speed.compile import check_compile
 from trainer.strategies.connector import build_strategy
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.strategy import Strategy
@@ -218,7 +218,7 @@ class Engine:
 
         ``compile``: ``True`` or a dict of ``torch.compile`` options (``mode``, ``dynamic``, ``fullgraph``,
         ``backend``, ``options``) compiles each module's forward after wrapping, as the Trainer's ``compile=``
-        does (:mod:`trainer.strategies.compile`): in place, so the returned object and its state-dict keys are unchanged.
+        does (:mod:`trainer.strategies.speed.compile`): in place, so the returned object and its state-dict keys are unchanged.
         """
         if not objects:
             raise ConfigurationError("prepare() needs at least one module, optimizer, dataloader or LR scheduler.")

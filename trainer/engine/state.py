@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from trainer.strategies.checkpoint_io import CheckpointError, atomic_save, safe_load
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, atomic_save, safe_load
 from trainer.strategies.rank import rank_zero_warn
 from trainer.module.saving import check_state_dict
 from trainer.reproducibility.seed import capture_rng_state, restore_rng_state

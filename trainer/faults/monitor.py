@@ -8,7 +8,7 @@ measured step time so that the one small collective (a max-reduce of [signal, in
 about every ``target_seconds``, whatever the step time, and never more than once per step.
 
 With several processes the first check also tells the strategy that training runs (it shortens the
-process-group timeout, :mod:`trainer.strategies.hang_report`), and a collective that times out during the fit becomes a
+process-group timeout, :mod:`trainer.strategies.launch.hang_report`), and a collective that times out during the fit becomes a
 :class:`~trainer.strategies.errors.HangError` naming the ranks that stopped answering and the step.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from trainer.strategies.errors import ConfigurationError, HangError
-from trainer.strategies.hang_report import collective_timed_out
+from trainer.strategies.launch.hang_report import collective_timed_out
 from trainer.strategies.rank import rank_zero_print
 from trainer.faults.nonfinite import NONFINITE_MODES, BadLoss, NonFiniteGuard, NonFiniteLossError
 from trainer.faults.signals import DEFAULT_STOP_SIGNALS, SignalConnector, parse_signals

@@ -22,7 +22,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.strategies.environments.slurm import SLURMEnvironment
+    from trainer.strategies.launch.environments.slurm import SLURMEnvironment
 
 
 def slurm_environment(trainer: Any) -> Optional["SLURMEnvironment"]:
@@ -30,7 +30,7 @@ def slurm_environment(trainer: Any) -> Optional["SLURMEnvironment"]:
     env = getattr(trainer.strategy, "cluster_environment", None)
     if env is None and "SLURM_NTASKS" not in os.environ:
         return None  # not under SLURM: decided without importing the environments
-    from trainer.strategies.environments.slurm import SLURMEnvironment
+    from trainer.strategies.launch.environments.slurm import SLURMEnvironment
 
     if isinstance(env, SLURMEnvironment):
         return env

@@ -10,18 +10,18 @@ data parallel (replicated and sharded), tensor parallel and pipeline parallel si
 
   * data parallel: DDP (``dp_replicate``) replicates; ZeRO-1 also replicates parameters and gradients but
     gives every rank the optimizer state of an even dim-0 slice of every parameter
-    (:class:`~trainer.strategies.sharded_optimizer.ShardedOptimizer`); ZeRO-2 and FSDP2 (``dp_shard``) give rank
+    (:class:`~trainer.strategies.data_parallel.sharded_optimizer.ShardedOptimizer`); ZeRO-2 and FSDP2 (``dp_shard``) give rank
     ``r`` the ``r``-th ``torch.chunk`` of every parameter along dim 0. FSDP2 pads uneven shards: every rank
     allocates ``ceil(rows / dp_shard)`` rows for its parameter and gradient shards, and the figures include
     that padding; the optimizer state (``zeros_like`` of the unpadded shard) does not.
   * tensor parallel (``tp``): each ``ParallelStyle`` of the plan (the dict ``parallelize_module`` takes)
-    splits its module's parameters along the dim torch splits (:mod:`trainer.strategies.tp_plan`): colwise a
+    splits its module's parameters along the dim torch splits (:mod:`trainer.strategies.nd.tp_plan`): colwise a
     Linear's weight and bias on dim 0, rowwise its weight on dim 1, ...; parameters no style covers are
     replicated across ``tp``. FSDP then shards dim 0 of each rank's tensor-parallel piece. (Without FSDP, a
     parameter split on dim 0 keeps ``distribute_tensor``'s padded scatter buffer: ``ceil(rows / tp)`` rows on
     every rank, counted so; its gradient and state are the exact piece.)
   * pipeline parallel (``pp``): each stage holds the parameters of its modules
-    (:mod:`trainer.strategies.pipeline_stages`; boundaries given, or balanced by bytes by the device-map planner).
+    (:mod:`trainer.strategies.nd.pipeline_stages`; boundaries given, or balanced by bytes by the device-map planner).
   * model parallel: each tensor on its device-map device.
 
   Parameters and gradients are float32 under "32-true" and the mixed precisions (master weights), half
@@ -53,14 +53,14 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from trainer.strategies.device_map import format_bytes, parse_bytes, plan_device_map, tensor_devices
+from trainer.strategies.nd.device_map import format_bytes, parse_bytes, plan_device_map, tensor_devices
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.fsdp import check_wrap_policy, wrap_targets
-from trainer.strategies.mesh import MeshLayout, resolve_layout
-from trainer.strategies.pipeline_stages import auto_boundaries, module_stages, parameter_stages
-from trainer.strategies.precision import canonical_precision
-from trainer.strategies.sharded_optimizer import BUCKET_BYTES, chunk_rows
-from trainer.strategies.tp_plan import block_modules, megatron_plan, replicated_gradients, resolve_tp_plan, tp_shard_dims
+from trainer.strategies.data_parallel.fsdp import check_wrap_policy, wrap_targets
+from trainer.strategies.nd.mesh import MeshLayout, resolve_layout
+from trainer.strategies.nd.pipeline_stages import auto_boundaries, module_stages, parameter_stages
+from trainer.strategies.precision.plugins import canonical_precision
+from trainer.strategies.data_parallel.sharded_optimizer import BUCKET_BYTES, chunk_rows
+from trainer.strategies.nd.tp_plan import block_modules, megatron_plan, replicated_gradients, resolve_tp_plan, tp_shard_dims
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "model_parallel")
 SCHEDULES = ("1F1B", "GPipe")
@@ -377,7 +377,7 @@ def estimate_layout(
 
     Args:
         tp_plan: for ``tp > 1``: the plan ``parallelize_module`` takes (``{"layers.*.attn.q": ColwiseParallel(),
-            ...}``), or ``"megatron"`` (:func:`trainer.strategies.tp_plan.megatron_plan`).
+            ...}``), or ``"megatron"`` (:func:`trainer.strategies.nd.tp_plan.megatron_plan`).
         pipeline: for ``pp > 1``: the names of the modules that begin stages 1, 2, ..., or ``"auto"``/None
             (the device-map planner's split, balanced by bytes, blocks kept whole).
         auto_wrap_policy: FSDP's units over ``dp_shard`` (a set of block classes also names the blocks for the
@@ -386,7 +386,7 @@ def estimate_layout(
         microbatches: micro-batches per step (default ``pp``); ``schedule``: ``"1F1B"`` or ``"GPipe"``.
     """
     if not isinstance(layout, MeshLayout):
-        raise ConfigurationError(f"layout={layout!r} must be a strategies.mesh.MeshLayout, e.g. MeshLayout(dp_shard=4, tp=2).")
+        raise ConfigurationError(f"layout={layout!r} must be a strategies.nd.mesh.MeshLayout, e.g. MeshLayout(dp_shard=4, tp=2).")
     precision = canonical_precision(precision)
     names = {s.lower(): s for s in SCHEDULES}
     if str(schedule).lower() not in names:

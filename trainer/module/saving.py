@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
-from trainer.strategies.checkpoint_io import CheckpointError, safe_load
+from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, safe_load
 from trainer.strategies.errors import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover

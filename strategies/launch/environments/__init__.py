@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trainer.strategies.environments.base import ClusterEnvironment
-from trainer.strategies.environments.local import LocalEnvironment
-from trainer.strategies.environments.slurm import SLURMEnvironment, expand_nodelist
-from trainer.strategies.environments.torchelastic import TorchElasticEnvironment
+from trainer.strategies.launch.environments.base import ClusterEnvironment
+from trainer.strategies.launch.environments.local import LocalEnvironment
+from trainer.strategies.launch.environments.slurm import SLURMEnvironment, expand_nodelist
+from trainer.strategies.launch.environments.torchelastic import TorchElasticEnvironment
 
 __all__ = [
     "ClusterEnvironment",

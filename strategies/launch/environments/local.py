@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import socket
 
-from trainer.strategies.environments.base import ClusterEnvironment, env_int
+from trainer.strategies.launch.environments.base import ClusterEnvironment, env_int
 from trainer.strategies.errors import ConfigurationError
 
 DEFAULT_MULTI_NODE_PORT = 29500

@@ -8,7 +8,7 @@ import signal
 import subprocess
 from typing import Optional, Union
 
-from trainer.strategies.environments.base import ClusterEnvironment, env_int
+from trainer.strategies.launch.environments.base import ClusterEnvironment, env_int
 from trainer.strategies.errors import ConfigurationError
 
 _INTERACTIVE_JOB_NAMES = ("bash", "interactive")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from trainer.strategies.environments.base import ClusterEnvironment, env_int
+from trainer.strategies.launch.environments.base import ClusterEnvironment, env_int
 from trainer.strategies.errors import ConfigurationError
 
 

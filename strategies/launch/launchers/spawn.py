@@ -22,7 +22,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from trainer.strategies.environments.local import LocalEnvironment, find_free_port
+from trainer.strategies.launch.environments.local import LocalEnvironment, find_free_port
 from trainer.strategies.errors import ConfigurationError, RankFailedError
 
 #: After one rank fails, the others get this long to stop by themselves before SIGTERM (then SIGKILL).

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from torch.distributed import DistError
 
-from trainer.strategies.environments.local import LocalEnvironment
+from trainer.strategies.launch.environments.local import LocalEnvironment
 from trainer.strategies.errors import ConfigurationError, RankFailedError
 
 POLL_INTERVAL_S = 0.2

@@ -1,0 +1,4 @@
+"""Data parallel and sharding: every rank runs the whole model on its own batches.
+
+DDP and DP, ZeRO-1/2 (the sharded optimizer), FSDP2, DeepSpeed, and the forward redirection the wrappers share.
+Each strategy module is imported when first used (``from trainer.strategies import DDPStrategy``)."""

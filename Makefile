@@ -21,7 +21,7 @@ GPU_VENV ?= .venv-gpu
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	@# DeepSpeed compiles its CPU collectives on first use; do it here, not inside the first test's time limit.

@@ -1,7 +1,9 @@
 """Strategies: where and how a module runs (devices, wrapping, collectives, precision, checkpoints).
 
-This package never imports ``trainer``, ``callbacks`` or ``loggers``; it is the bottom layer. The
-multi-process strategies and cluster environments are imported when their name is first used
+At its root: the ``Strategy`` interface, the single-device and multi-process base strategies, the registry and
+the connector (argument -> strategy); each capability is a sub-package (``data_parallel``, ``nd``, ``checkpoint``,
+``launch``, ``precision``, ``speed``). This package never imports ``trainer``, ``callbacks`` or ``loggers``; it is
+the bottom layer. The multi-process strategies and cluster environments are imported when their name is first used
 (``from trainer.strategies import DDPStrategy``), so ``import trainer`` does not pay for torch.distributed wrappers
 a single-device run never touches.
 """

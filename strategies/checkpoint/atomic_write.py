@@ -4,7 +4,8 @@ Every file the framework writes goes through :func:`atomic_save`: a temporary fi
 folder, flushed and fsynced, then renamed over the target, so a crash mid-write leaves the previous file
 intact. :func:`atomic_link`, :func:`remove_checkpoint` and :func:`replace_folder` accept folders (sharded
 checkpoints) as well as files. Paths may be fsspec URLs (:mod:`trainer.strategies.checkpoint.storage`): the same
-functions then upload under a temporary name and commit last. Reading is :mod:`trainer.strategies.checkpoint.checkpoint_io`'s.
+functions then upload under a temporary name and commit last. Reading is
+:mod:`trainer.strategies.checkpoint.checkpoint_io`'s.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from trainer.strategies.errors import ConfigurationError, HangError, RankFailedError
-from trainer.strategies.precision.plugins import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from trainer.strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from trainer.strategies.registry import register_strategy, strategy_names
 from trainer.strategies.single_device import SingleDeviceStrategy
 from trainer.strategies.strategy import Strategy

@@ -17,7 +17,7 @@ from trainer.strategies.launch import hang_report
 from trainer.strategies.launch.environments import ClusterEnvironment, LocalEnvironment, detect_environment
 from trainer.strategies.checkpoint.sharded_checkpoint import WholeFolderLoading
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision import Precision
 from trainer.strategies.rank import rank_zero_only
 from trainer.strategies.strategy import Strategy
 

@@ -16,7 +16,7 @@ from torch.optim import Optimizer
 
 from trainer.strategies.checkpoint.checkpoint_io import CheckpointIO, atomic_save, remove_checkpoint, safe_load
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision.base import Precision
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.strategies.checkpoint.async_checkpoint import BackgroundWriter

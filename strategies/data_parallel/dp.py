@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from trainer.strategies.checkpoint.sharded_checkpoint import WholeFolderLoading
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision import Precision
 from trainer.strategies.strategy import Strategy
 
 

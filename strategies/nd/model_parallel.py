@@ -27,7 +27,7 @@ from torch import nn
 from trainer.strategies.checkpoint.sharded_checkpoint import WholeFolderLoading
 from trainer.strategies.nd.device_map import Budget, plan_device_map, resolve_device_map, tensor_devices
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision import Precision
 from trainer.strategies.strategy import Strategy, move_to_device
 
 

@@ -1,4 +1,4 @@
-"""Precision plugins: how a module's numbers are stored, computed and stepped.
+"""The precision plugin interface and full float32 (``Precision``, "32-true"); what the plugins share.
 
 A plugin is owned by the Strategy; the Trainer never branches on precision. Each plugin answers:
 module conversion, input conversion, a forward context, output conversion (for code that runs after the
@@ -21,16 +21,17 @@ Order inside one optimizer step (fixed for every plugin)::
 | "16-mixed", "16", 16           | ``MixedPrecision`` float16 + scaler |
 | "bf16-mixed", "bf16"           | ``MixedPrecision`` bfloat16         |
 | "16-true", "bf16-true"         | ``HalfPrecision``                   |
+
+One file per plugin: ``double.py``, ``half.py``, ``mixed.py``; :func:`trainer.strategies.precision.precision_plugin`
+turns a spelling into one.
 """
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
 from torch import Tensor, nn
-from torch.amp.grad_scaler import OptState
 from torch.optim import Optimizer
 
 from trainer.strategies.errors import ConfigurationError
@@ -144,185 +145,6 @@ class Precision:
         return f"{type(self).__name__}({self.name!r})"
 
 
-class DoublePrecision(Precision):
-    """"64-true": parameters, buffers and floating inputs in float64; new tensors default to float64."""
-
-    name = "64-true"
-    converts_input = True
-
-    def setup(self, device: torch.device) -> None:
-        if device.type == "mps":
-            raise ConfigurationError(
-                "precision='64-true' is not supported on MPS (Apple GPUs have no float64). "
-                "Use precision='32-true' or accelerator='cpu'."
-            )
-        super().setup(device)
-
-    def convert_module(self, module: nn.Module) -> nn.Module:
-        return module.double()
-
-    def convert_input(self, data: Any) -> Any:
-        return _apply_to_floating(data, torch.float64)
-
-    def forward_context(self) -> ContextManager:
-        return _default_dtype(torch.float64)
-
-    def init_context(self) -> ContextManager:
-        return _default_dtype(torch.float64)
-
-
-class HalfPrecision(Precision):
-    """"16-true"/"bf16-true": weights, inputs and optimizer state all in float16/bfloat16 (no master copy).
-
-    Halves memory against mixed precision but updates lose precision; the optimizer state is half too
-    (a one-time warning says so).
-    """
-
-    converts_input = True
-
-    def __init__(self, precision: str = "bf16-true") -> None:
-        if precision not in ("16-true", "bf16-true"):
-            raise ConfigurationError(f"HalfPrecision takes '16-true' or 'bf16-true', got {precision!r}.")
-        self.name = precision
-        self.dtype = torch.float16 if precision == "16-true" else torch.bfloat16
-        self._warned = False
-
-    def setup(self, device: torch.device) -> None:
-        _check_dtype_supported(self.name, self.dtype, device)
-        super().setup(device)
-
-    def convert_module(self, module: nn.Module) -> nn.Module:
-        if not self._warned:
-            warnings.warn(
-                f"precision={self.name!r} keeps the weights in {self.dtype} with no float32 master copy, so the "
-                f"optimizer state (e.g. Adam moments) is {self.dtype} too. Use "
-                f"'{self.name.replace('-true', '-mixed')}' if updates stall or diverge.",
-                stacklevel=2,
-            )
-            self._warned = True
-        return module.to(self.dtype)
-
-    def convert_input(self, data: Any) -> Any:
-        return _apply_to_floating(data, self.dtype)
-
-    def forward_context(self) -> ContextManager:
-        return _default_dtype(self.dtype)
-
-    def init_context(self) -> ContextManager:
-        return _default_dtype(self.dtype)
-
-
-class MixedPrecision(Precision):
-    """"16-mixed"/"bf16-mixed": float32 master weights, ops autocast to float16/bfloat16.
-
-    "16-mixed" uses a ``torch.amp.GradScaler`` on the strategy's device type (CPU included): the loss is
-    multiplied by the scale before backward, gradients are unscaled once per optimizer step, steps with
-    inf/nan gradients are skipped and the scale adapts. "bf16-mixed" has float32's range and needs no scaler.
-    Pass ``scaler=torch.amp.GradScaler(device_type, init_scale=..., growth_interval=...)`` to tune it.
-
-    The scale is updated after every optimizer step (as Lightning does). With several optimizers in manual
-    optimisation, run one optimizer's backward and step before the next optimizer's backward, so each
-    gradient is unscaled with the scale it was scaled with.
-    """
-
-    def __init__(self, precision: str = "16-mixed", scaler: Optional[torch.amp.GradScaler] = None) -> None:
-        if precision not in ("16-mixed", "bf16-mixed"):
-            raise ConfigurationError(f"MixedPrecision takes '16-mixed' or 'bf16-mixed', got {precision!r}.")
-        if precision == "bf16-mixed" and scaler is not None:
-            raise ConfigurationError(
-                "A GradScaler was passed with precision='bf16-mixed'. bfloat16 has float32's exponent range and "
-                "needs no loss scaling: drop the scaler, or use precision='16-mixed'."
-            )
-        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
-            raise ConfigurationError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}.")
-        self.name = precision
-        self.dtype = torch.float16 if precision == "16-mixed" else torch.bfloat16
-        self.scaler = scaler
-        self.device_type = "cpu"
-
-    def setup(self, device: torch.device) -> None:
-        device_type = device.type
-        if not torch.amp.autocast_mode.is_autocast_available(device_type):
-            raise ConfigurationError(
-                f"precision={self.name!r} needs autocast on '{device_type}', which this PyTorch build does not "
-                "offer. Use precision='32-true'."
-            )
-        _check_dtype_supported(self.name, self.dtype, device)
-        self.device_type = device_type
-        if self.dtype is not torch.float16:
-            return
-        if self.scaler is None:
-            self.scaler = torch.amp.GradScaler(device_type)
-        elif getattr(self.scaler, "_device", device_type) != device_type:
-            # A GradScaler("cuda") built on a machine without CUDA has silently disabled itself.
-            raise ConfigurationError(
-                f"The GradScaler passed to MixedPrecision was built for '{self.scaler._device}', but training runs "
-                f"on '{device_type}'. Build it with torch.amp.GradScaler({device_type!r}, ...)."
-            )
-
-    def forward_context(self) -> ContextManager:
-        return torch.autocast(self.device_type, dtype=self.dtype)
-
-    def convert_output(self, data: Any) -> Any:
-        """Floating outputs in the autocast dtype become float32, as they would be for an op autocast runs in
-        float32 (a loss): a loss computed after the forward, outside autocast, is then the same."""
-        return _apply_to_floating(data, torch.float32, only=self.dtype)
-
-    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        if self.scaler is None:
-            loss.backward(*args, **kwargs)
-        else:
-            self.scaler.scale(loss).backward(*args, **kwargs)
-
-    def unscale_gradients(self, optimizer: Optimizer) -> None:
-        scaler = self.scaler
-        # The scaler's own per-optimizer stage is the one record of "already unscaled in this step".
-        if scaler is not None and scaler.is_enabled() and _stage(scaler, optimizer) is OptState.READY:
-            scaler.unscale_(optimizer)
-
-    def optimizer_step(
-        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None
-    ) -> bool:
-        scaler = self.scaler
-        if scaler is None:
-            return super().optimizer_step(optimizer, before_step, closure)
-        if closure is not None:
-            raise ConfigurationError(
-                "optimizer.step(closure) is not supported with precision='16-mixed': the gradient scaler must see "
-                "the gradients before the step. Call the closure yourself, then optimizer.step() without it."
-            )
-        self.unscale_gradients(optimizer)
-        before_step()
-        skipped = _found_inf(scaler, optimizer)
-        scaler.step(optimizer)
-        scaler.update()
-        return not skipped
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-
-
-def _stage(scaler: torch.amp.GradScaler, optimizer: Optimizer) -> OptState:
-    return scaler._per_optimizer_states[id(optimizer)]["stage"]
-
-
-def _found_inf(scaler: torch.amp.GradScaler, optimizer: Optimizer) -> bool:
-    """Whether the unscaled gradients held inf/nan, i.e. whether ``scaler.step`` will skip this step.
-
-    Reads the flags ``unscale_`` left for ``GradScaler.step``, which reads them with ``.item()`` right after:
-    on CUDA the host waits here for the same unscale kernels it would wait for there, so the only addition
-    is a one-element copy. (A fused optimizer, which the scaler lets skip on the device, pays one sync.)
-    """
-    if not scaler.is_enabled():
-        return False
-    flags = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-    return bool(sum(v.item() for v in flags.values()))
-
-
 def _check_dtype_supported(name: str, dtype: torch.dtype, device: torch.device) -> None:
     """Raise before training when ``device`` cannot compute in ``dtype`` natively."""
     if dtype is not torch.bfloat16:
@@ -357,17 +179,3 @@ def canonical_precision(value: Any) -> str:
         return _ALIASES[value]
     spellings = ", ".join(repr(k) for k in _ALIASES)
     raise ConfigurationError(f"precision={value!r} is not supported. Valid values: {spellings}.")
-
-
-def precision_plugin(value: Any) -> Precision:
-    """Build the plugin for a precision spelling (a ``Precision`` instance is returned as is)."""
-    if isinstance(value, Precision):
-        return value
-    name = canonical_precision(value)
-    if name == "32-true":
-        return Precision()
-    if name == "64-true":
-        return DoublePrecision()
-    if name in ("16-mixed", "bf16-mixed"):
-        return MixedPrecision(name)
-    return HalfPrecision(name)

@@ -192,12 +192,12 @@ def test_no_two_modules_import_each_other_round_any_circle():
     assert not cycle, "import circle between modules:\n  " + "\n  ".join(where)
 
 
-#: What the strategy interface may import of strategies/: the exceptions and rank helpers, the precision plugin it
+#: What the strategy interface may import of strategies/: the exceptions and rank helpers, the precision interface it
 #: holds, the speed options every strategy applies to its module, and the single-file checkpoint plugin with its
 #: atomic writes and storage (``async_checkpoint`` for the writer in a signature). No strategy, launcher, mesh or
 #: sharded checkpoint format: those are implementations, and they import the interface.
 INTERFACE_MAY_IMPORT = {
-    "strategies.errors", "strategies.rank", "strategies.precision", "strategies.speed",
+    "strategies.errors", "strategies.rank", "strategies.precision.base", "strategies.speed",
     "strategies.checkpoint.checkpoint_io", "strategies.checkpoint.atomic_write", "strategies.checkpoint.storage",
     "strategies.checkpoint.async_checkpoint",
 }  # fmt: skip

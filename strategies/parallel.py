@@ -15,7 +15,7 @@ from torch import Tensor
 
 from trainer.strategies.launch import hang_report
 from trainer.strategies.launch.environments import ClusterEnvironment, LocalEnvironment, detect_environment
-from trainer.strategies.checkpoint.sharded_checkpoint import WholeFolderLoading
+from trainer.strategies.checkpoint.whole_folder import WholeFolderLoading
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.precision import Precision
 from trainer.strategies.rank import rank_zero_only

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from trainer.strategies.checkpoint.sharded_checkpoint import WholeFolderLoading
+from trainer.strategies.checkpoint.whole_folder import WholeFolderLoading
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.precision import Precision
 from trainer.strategies.strategy import Strategy

@@ -331,7 +331,7 @@ class Strategy:
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint file safely (``weights_only=True``). The built-in strategies also read sharded folders
-        (:class:`~trainer.strategies.checkpoint.sharded_checkpoint.WholeFolderLoading`); the interface knows files
+        (:class:`~trainer.strategies.checkpoint.whole_folder.WholeFolderLoading`); the interface knows files
         only."""
         if self.checkpoint_io is not None:
             return self.checkpoint_io.load_checkpoint(path, map_location="cpu")

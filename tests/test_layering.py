@@ -209,7 +209,7 @@ def test_the_strategy_interface_imports_no_implementation():
                    if not any(name == ok or name.startswith(ok + ".") for ok in INTERFACE_MAY_IMPORT))  # fmt: skip
     assert not wrong, (
         f"strategies/strategy.py (the interface) imports implementation modules {wrong}: have the implementation "
-        "override the method (see sharded_checkpoint.WholeFolderLoading) or move the shared piece below the interface."
+        "override the method (see checkpoint/whole_folder.py) or move the shared piece below the interface."
     )
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from trainer.strategies import CheckpointError, DDPStrategy, DataParallelStrategy, ModelParallelStrategy
-from trainer.strategies.checkpoint.sharded_checkpoint import WholeFolderLoading, save_sharded
+from trainer.strategies.checkpoint.sharded_checkpoint import save_sharded
+from trainer.strategies.checkpoint.whole_folder import WholeFolderLoading
 from trainer.strategies.single_device import SingleDeviceStrategy
 from trainer.strategies.strategy import Strategy
 

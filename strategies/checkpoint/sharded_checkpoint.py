@@ -345,18 +345,6 @@ def consolidate(src: str | os.PathLike, dst: str | os.PathLike) -> dict[str, Any
 
 
 # ---------------------------------------------------------------------------------------------- strategies
-class WholeFolderLoading:
-    """Mixin for strategies that hold the whole model in each process (single device, DDP, DP, model parallel): a
-    sharded folder another strategy wrote is read whole (:func:`load_full`); a file goes to the next class's
-    ``load_checkpoint``. Kept out of the ``Strategy`` interface, which imports no checkpoint format."""
-
-    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
-        """A sharded folder read whole in this process, or (a file) what the strategy's file reading gives."""
-        if storage.isdir(path):
-            return load_full(path)
-        return super().load_checkpoint(path)  # type: ignore[misc]
-
-
 class ShardedCheckpointIO:
     """Mixin for strategies whose checkpoints are sharded folders (``state_dict_type="sharded"``) or one file
     gathered on global rank 0 (``"full"``). Any of them loads either kind.

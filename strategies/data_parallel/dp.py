@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from trainer.strategies.checkpoint.sharded_checkpoint import WholeFolderLoading
+from trainer.strategies.checkpoint.whole_folder import WholeFolderLoading
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.precision import Precision
 from trainer.strategies.strategy import Strategy

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from trainer.strategies.checkpoint.sharded_checkpoint import WholeFolderLoading
+from trainer.strategies.checkpoint.whole_folder import WholeFolderLoading
 from trainer.strategies.nd.device_map import Budget, plan_device_map, resolve_device_map, tensor_devices
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.precision import Precision

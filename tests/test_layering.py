@@ -13,6 +13,7 @@ package: where two files need each other, the shared piece belongs below both.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -176,7 +177,12 @@ def module_imports(path: Path, modules: set[str]) -> dict[str, str]:
 
 
 def module_graph() -> dict[str, dict[str, str]]:
-    """``{module: {module it imports: as written}}`` over the whole project."""
+    """``{module: {module it imports: as written}}`` over the whole project (parsed once per root and packages)."""
+    return _module_graph(ROOT, TOP_PACKAGES)
+
+
+@functools.lru_cache(maxsize=4)
+def _module_graph(root: Path, tops: tuple[str, ...]) -> dict[str, dict[str, str]]:
     modules = project_modules()
     names = set(modules)
     return {name: module_imports(path, names) for name, path in modules.items()}

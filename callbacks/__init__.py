@@ -1,7 +1,8 @@
 """Callbacks: plug-ins the Trainer calls at fixed points of the loop.
 
 Each callback lives in its own module, imported when its name is first used (``from trainer.callbacks import
-Timer``), so ``import trainer`` does not pay for callbacks a run does not use.
+Timer``), so ``import trainer`` does not pay for callbacks a run does not use. What callbacks use of the Trainer
+is written down in :mod:`trainer.callbacks.host`, their only door into ``trainer/``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The ``Callback`` base: hooks that mirror the TrainModule's, each receiving ``(trainer, module, ...)``.
 
 The Trainer looks up once which hooks a callback overrides and calls only those, so an unimplemented
-hook costs nothing. Callbacks talk to the Trainer only through its documented properties.
+hook costs nothing. Callbacks talk to the Trainer only through the members written down in
+:class:`trainer.callbacks.host.CallbackHost`.
 """
 from __future__ import annotations
 

@@ -8,10 +8,10 @@ import warnings
 from typing import Any, Optional
 
 from trainer.callbacks.callback import Callback
+from trainer.callbacks.host import training_batches
 from trainer.callbacks.lr_scaling import record_hparam, scale_learning_rates
 from trainer.callbacks.trial_steps import TrialSteps
 from trainer.strategies.errors import ConfigurationError
-from trainer.data.combined_loader import training_batches
 
 
 def suggest_lr(lrs: list[float], losses: list[float], skip_begin: int = 10, skip_end: int = 1) -> Optional[float]:

@@ -12,11 +12,9 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 
 from trainer.callbacks.callback import Callback
+from trainer.callbacks.host import SchedulerConfig, isolated_rng, training_batches
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_info, rank_zero_warn
-from trainer.data.combined_loader import training_batches
-from trainer.loops.optimizers import SchedulerConfig
-from trainer.reproducibility.seed import isolated_rng
 
 
 def _positive_number(value: Any) -> bool:

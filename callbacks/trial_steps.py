@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.callbacks.host import takes_batch_idx
 from trainer.strategies.errors import ConfigurationError
-from trainer.loops.step_signature import takes_batch_idx
 
 
 def _cpu_copy(state: Any) -> Any:

@@ -1,7 +1,9 @@
 """Strategies: where and how a module runs (devices, wrapping, collectives, precision, checkpoints).
 
-This package never imports ``trainer``, ``callbacks`` or ``loggers``; it is the bottom layer. The
-multi-process strategies and cluster environments are imported when their name is first used
+At its root: the ``Strategy`` interface, the single-device and multi-process base strategies, the registry and
+the connector (argument -> strategy); each capability is a sub-package (``data_parallel``, ``nd``, ``checkpoint``,
+``launch``, ``precision``, ``speed``). This package never imports ``trainer``, ``callbacks`` or ``loggers``; it is
+the bottom layer. The multi-process strategies and cluster environments are imported when their name is first used
 (``from trainer.strategies import DDPStrategy``), so ``import trainer`` does not pay for torch.distributed wrappers
 a single-device run never touches.
 """
@@ -16,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from trainer.strategies.errors import ConfigurationError, HangError, RankFailedError
-from trainer.strategies.precision.plugins import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from trainer.strategies.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from trainer.strategies.registry import register_strategy, strategy_names
 from trainer.strategies.single_device import SingleDeviceStrategy
 from trainer.strategies.strategy import Strategy

@@ -6,7 +6,7 @@ from typing import Any
 
 from trainer.strategies.accelerators import parse_devices, resolve_accelerator
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import precision_plugin
+from trainer.strategies.precision import precision_plugin
 from trainer.strategies.registry import create_strategy
 from trainer.strategies.strategy import Strategy
 

@@ -1,4 +1,5 @@
-"""Exceptions: misuse (what was wrong and what would be valid), and a failed peer in a multi-process job."""
+"""Exceptions: misuse (what was wrong and what would be valid), a failed or hung peer in a multi-process job, and a
+checkpoint that cannot be used."""
 
 
 class ConfigurationError(ValueError, TypeError):
@@ -20,3 +21,7 @@ class RankFailedError(RuntimeError):
 class HangError(RuntimeError):
     """A rank of a multi-process job stopped answering (stuck, stopped, deadlocked): the message names it and
     where the job was (see :mod:`trainer.strategies.launch.hang_report`)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file exists but cannot be used (corrupt, truncated or unsafe)."""

@@ -15,8 +15,9 @@ from torch import Tensor
 
 from trainer.strategies.launch import hang_report
 from trainer.strategies.launch.environments import ClusterEnvironment, LocalEnvironment, detect_environment
+from trainer.strategies.checkpoint.whole_folder import WholeFolderLoading
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision import Precision
 from trainer.strategies.rank import rank_zero_only
 from trainer.strategies.strategy import Strategy
 
@@ -60,7 +61,7 @@ def _elastic_attempt_store(env: ClusterEnvironment, rank: int, world: int,
 _MONITOR: dict[str, Any] = {}  # the monitoring group of this process's default process group (and which one)
 
 
-class ParallelStrategy(Strategy):
+class ParallelStrategy(WholeFolderLoading, Strategy):
     """One process per device, on one or several nodes; a base for DDP and sharded strategies.
 
     ``start_method``: ``"popen"`` re-runs the script for the other ranks (``"ddp"``); ``"spawn"``,

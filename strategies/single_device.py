@@ -5,12 +5,13 @@ from typing import Optional
 
 import torch
 
+from trainer.strategies.checkpoint.whole_folder import WholeFolderLoading
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision import Precision
 from trainer.strategies.strategy import Strategy
 
 
-class SingleDeviceStrategy(Strategy):
+class SingleDeviceStrategy(WholeFolderLoading, Strategy):
     """Runs the module unwrapped on one device. ``device=None`` takes the device the Trainer resolved."""
 
     strategy_name = "single_device"

@@ -16,7 +16,7 @@ from torch.optim import Optimizer
 
 from trainer.strategies.checkpoint.checkpoint_io import CheckpointIO, atomic_save, remove_checkpoint, safe_load
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision.base import Precision
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.strategies.checkpoint.async_checkpoint import BackgroundWriter
@@ -330,13 +330,9 @@ class Strategy:
             writer.save_file(checkpoint, path)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Read a checkpoint safely (``weights_only=True``); a sharded checkpoint folder is read whole."""
-        from trainer.strategies.checkpoint import storage
-
-        if storage.isdir(path):
-            from trainer.strategies.checkpoint.sharded_checkpoint import load_full
-
-            return load_full(path)
+        """Read a checkpoint file safely (``weights_only=True``). The built-in strategies also read sharded folders
+        (:class:`~trainer.strategies.checkpoint.whole_folder.WholeFolderLoading`); the interface knows files
+        only."""
         if self.checkpoint_io is not None:
             return self.checkpoint_io.load_checkpoint(path, map_location="cpu")
         return safe_load(path, map_location="cpu")

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer.strategies import ConfigurationError, DoublePrecision, HalfPrecision, MixedPrecision, Precision
-from trainer.strategies.precision.plugins import precision_plugin
+from trainer.strategies.precision import precision_plugin
 from trainer import Trainer, TrainModule
 
 DEVICES = [

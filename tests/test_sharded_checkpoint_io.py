@@ -19,6 +19,7 @@ from trainer.strategies.checkpoint.sharded_checkpoint import (
     optimizer_state_by_name,
     save_sharded,
 )
+from trainer.strategies.single_device import SingleDeviceStrategy
 from trainer.strategies.strategy import Strategy
 from trainer.cli import main as trainer_main
 
@@ -67,7 +68,7 @@ def test_a_folder_without_its_metadata_is_not_loaded_as_a_checkpoint(tmp_path):
     (path / META_FILE).unlink()
     assert not is_sharded_checkpoint(path)
     with pytest.raises(CheckpointError, match="interrupted copy"):
-        Strategy().load_checkpoint(path)
+        SingleDeviceStrategy().load_checkpoint(path)
 
 
 def test_last_link_and_deletion_work_on_folders(tmp_path):

@@ -6,21 +6,31 @@ callback's best path), and the stage's return value.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from trainer.module.train_module import TrainModule
 
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.trainer import Trainer
+
+class SpawnHost(Protocol):
+    """What a spawned stage reads and sets on the Trainer (:class:`trainer.trainer.Trainer` is one; it imports this
+    module, so it is described here rather than imported)."""
+
+    module: Any  # the TrainModule, or None before a stage
+    fit_loop: Any  # trainer.loops.fit_loop.FitLoop: its progress
+    callbacks: list[Any]
+    _metrics: Any  # trainer.metrics.connector.MetricsConnector: callback_metrics, logged_metrics
+
+    @property
+    def is_global_zero(self) -> bool: ...
 
 
 def _to_cpu(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
-def run_and_pack(trainer: "Trainer", fn: Callable[..., Any], args: tuple) -> Any:
+def run_and_pack(trainer: SpawnHost, fn: Callable[..., Any], args: tuple) -> Any:
     """Run the stage on this rank; global rank 0 returns its result with the state the caller adopts."""
     result = fn(*args)
     if not trainer.is_global_zero:
@@ -35,7 +45,7 @@ def run_and_pack(trainer: "Trainer", fn: Callable[..., Any], args: tuple) -> Any
     }
 
 
-def run_spawned(trainer: "Trainer", launcher: Any, fn: Callable[..., Any], *args: Any) -> Any:
+def run_spawned(trainer: SpawnHost, launcher: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """Run ``fn(*args)`` through a launcher whose processes are new, then adopt rank 0's state here."""
     model = next((arg for arg in args if isinstance(arg, TrainModule)), None)
     packed = launcher.launch(run_and_pack, trainer, fn, args)

@@ -9,7 +9,7 @@
   file in it (:func:`write_folder_manifest`). A folder without it is unfinished (or older than manifests: a
   local folder from before them still loads, unchecked).
 
-A truncated or corrupted checkpoint is refused with a :class:`~trainer.strategies.checkpoint.checkpoint_io.CheckpointError` naming
+A truncated or corrupted checkpoint is refused with a :class:`~trainer.strategies.errors.CheckpointError` naming
 the file and what is wrong; ``ckpt_path="last"``/``"auto"`` then fall back to the previous good checkpoint.
 """
 from __future__ import annotations
@@ -21,9 +21,10 @@ import zlib
 from typing import Any, Optional
 
 from trainer.strategies.checkpoint import storage
-from trainer.strategies.checkpoint.checkpoint_io import CheckpointError
+from trainer.strategies.checkpoint.atomic_write import atomic_write_bytes
+from trainer.strategies.checkpoint.storage import MANIFEST_FILE
+from trainer.strategies.errors import CheckpointError
 
-MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
 _CHUNK = 1024 * 1024  # small: a large read buffer would add its size to peak memory at every check
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -96,8 +97,6 @@ def _folder_files(folder: str) -> dict[str, str]:
 
 def write_folder_manifest(folder: str, extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Record the size and CRC-32 of every file in ``folder`` in its ``manifest.json`` (written last)."""
-    from trainer.strategies.checkpoint.checkpoint_io import atomic_write_bytes
-
     files = {}
     for relative, path in sorted(_folder_files(folder).items()):
         with storage.open_read(path) as f:

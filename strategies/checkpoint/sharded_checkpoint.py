@@ -26,7 +26,7 @@ import os
 import pickle
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -40,13 +40,28 @@ from trainer.strategies.errors import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.strategies.checkpoint.async_checkpoint import BackgroundWriter
-    from trainer.strategies.strategy import Strategy
 
 SHARDED_SECTIONS = ("state_dict", "optimizer_states", "accumulated_grads")
 META_FILE = "meta.pt"
 FORMAT_VERSION = 1
 STATE_DICT_TYPES = ("sharded", "full")
 _HOLE = None  # where a tensor sat in a list of the skeleton
+
+
+class Ranks(Protocol):
+    """What writing a sharded folder needs of the strategy (every ``Strategy`` is one): who is global rank 0, how
+    many ranks there are, and the two collectives. Described here, since the checkpoint package sits below the
+    strategy interface."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def is_global_zero(self) -> bool: ...
+
+    def barrier(self, name: Optional[str] = None) -> None: ...
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any: ...
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
@@ -190,7 +205,7 @@ def _reader(path: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- save / load
-def save_sharded(strategy: "Strategy", checkpoint: dict[str, Any], path: str | os.PathLike,
+def save_sharded(strategy: Ranks, checkpoint: dict[str, Any], path: str | os.PathLike,
                  writer: Optional["BackgroundWriter"] = None) -> None:  # fmt: skip
     """Write ``checkpoint`` as a sharded folder at ``path``. Every rank calls; each writes the shards it holds.
 

@@ -20,6 +20,9 @@ from typing import Any, BinaryIO, Callable, Iterator, Union
 from trainer.strategies.errors import ConfigurationError
 
 PathLike = Union[str, "os.PathLike[str]"]
+#: The file a sharded folder's writer commits last (:mod:`trainer.strategies.checkpoint.checkpoint_manifest`): copies
+#: order it last too, so a folder holding it is complete.
+MANIFEST_FILE = "manifest.json"
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
 
@@ -209,8 +212,6 @@ def remove_stale_remote_temporaries(url: str) -> None:
 def copy_remote(src: str, dst: str) -> None:
     """Copy the remote file or folder ``src`` to ``dst`` (server-side where the store can); a folder's
     manifest goes last, so the copy is complete once it is there."""
-    from trainer.strategies.checkpoint.checkpoint_manifest import MANIFEST_FILE
-
     fs, src_inner = filesystem(src)
     _, dst_inner = filesystem(dst)
     if not fs.isdir(src_inner):

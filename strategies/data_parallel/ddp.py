@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.launch.hang_report import DEFAULT_TRAIN_TIMEOUT_S
 from trainer.strategies.parallel import ParallelStrategy
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision import Precision
 from trainer.strategies.data_parallel.redirection import ForwardRedirection
 from trainer.strategies.strategy import materialize_on
 

@@ -41,7 +41,7 @@ from trainer.strategies.checkpoint.checkpoint_io import replace_folder, temporar
 from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.parallel import ParallelStrategy
-from trainer.strategies.precision.plugins import HalfPrecision, Precision
+from trainer.strategies.precision import HalfPrecision, Precision
 from trainer.strategies.data_parallel.redirection import ForwardRedirection
 
 _TAG = "checkpoint"

@@ -19,8 +19,9 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from trainer.strategies.checkpoint.whole_folder import WholeFolderLoading
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision import Precision
 from trainer.strategies.strategy import Strategy
 
 
@@ -47,7 +48,7 @@ def average_replicas(output: Any, replicas: int) -> Any:
     return output
 
 
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(WholeFolderLoading, Strategy):
     """Split each batch across the GPUs of this machine in one process. See the module docstring for its limits."""
 
     strategy_name = "dp"

@@ -35,7 +35,7 @@ from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.launch.hang_report import DEFAULT_TRAIN_TIMEOUT_S
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.parallel import ParallelStrategy
-from trainer.strategies.precision.plugins import HalfPrecision, MixedPrecision, Precision
+from trainer.strategies.precision import HalfPrecision, MixedPrecision, Precision
 from trainer.strategies.data_parallel.redirection import ForwardRedirection
 from trainer.strategies.checkpoint.sharded_checkpoint import (
     ShardedCheckpointIO,

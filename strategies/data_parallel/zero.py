@@ -27,7 +27,7 @@ from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.data_parallel.fsdp import FSDPStrategy
 from trainer.strategies.parallel import ParallelStrategy
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision import Precision
 from trainer.strategies.checkpoint.sharded_checkpoint import (
     ShardedCheckpointIO,
     check_state_dict_type,

@@ -24,9 +24,10 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from trainer.strategies.checkpoint.whole_folder import WholeFolderLoading
 from trainer.strategies.nd.device_map import Budget, plan_device_map, resolve_device_map, tensor_devices
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision
+from trainer.strategies.precision import Precision
 from trainer.strategies.strategy import Strategy, move_to_device
 
 
@@ -46,7 +47,7 @@ class _EitherForm(type):
             obj, mesh_form.LightningModelParallelStrategy)  # fmt: skip
 
 
-class ModelParallelStrategy(Strategy, metaclass=_EitherForm):
+class ModelParallelStrategy(WholeFolderLoading, Strategy, metaclass=_EitherForm):
     """Split one module across the devices of this process, or (Lightning's form) across processes on a 2-D mesh.
 
     Two forms, one name:

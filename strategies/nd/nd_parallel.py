@@ -39,7 +39,7 @@ from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.data_parallel.fsdp import FSDPStrategy, _Root, wrap_targets
 from trainer.strategies.nd.mesh import ROLES, MeshLayout, Size, build_device_mesh, check_size, check_sizes, resolve_layout
 from trainer.strategies.nd.pipeline import SCHEDULES, PipelineRunner, forward_returns, keep_stage, split_batch
-from trainer.strategies.precision.plugins import MixedPrecision, Precision
+from trainer.strategies.precision import MixedPrecision, Precision
 from trainer.strategies.checkpoint.sharded_checkpoint import is_dtensor, keyed_by_name, optimizer_state_by_name
 
 _NATIVE_NAMES = {role: role for role in ROLES}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import precision_plugin
+from trainer.strategies.precision import precision_plugin
 from trainer.strategies.registry import strategy_names
 from trainer.cli.common import command_parser, non_negative_int, parse_env, port, positive_int, value_options
 from trainer.config.yaml_config import ExperimentConfig, check_launch_value, dump_config, parse_value, split_trainer_args

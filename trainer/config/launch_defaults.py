@@ -6,32 +6,19 @@ per Trainer, one environment look-up; the YAML machinery is imported only inside
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
-import threading
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-ENV_CONFIG = "TRAINER_CONFIG"
-ENV_ARGS = "TRAINER_ARGS"
-
-_state = threading.local()
-#: The arguments of each class whose ``__init__`` is decorated (``"Trainer"``, ``"Engine"``), recorded when the class
-#: is defined: the experiment-file checks read the Trainer's names here instead of importing the Trainer.
-decorated_parameters: dict[str, tuple[str, ...]] = {}
-
-
-@contextlib.contextmanager
-def resolved_arguments() -> Iterator[None]:
-    """Inside: Trainer arguments are final (``from_config`` merged the launcher's); no defaults are applied."""
-    previous = getattr(_state, "resolved", False)
-    _state.resolved = True
-    try:
-        yield
-    finally:
-        _state.resolved = previous
+from trainer.config.launch_env import (  # noqa: F401  (ENV_*, resolved_arguments: importable here as before)
+    ENV_ARGS,
+    ENV_CONFIG,
+    arguments_resolved,
+    decorated_parameters,
+    resolved_arguments,
+)
 
 
 def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
@@ -44,7 +31,7 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(init)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
-        if (ENV_CONFIG in os.environ or ENV_ARGS in os.environ) and not getattr(_state, "resolved", False):
+        if (ENV_CONFIG in os.environ or ENV_ARGS in os.environ) and not arguments_resolved():
             from trainer.config.yaml_config import instantiate, trainer_settings
 
             explicit = signature.bind_partial(self, *args, **kwargs).arguments

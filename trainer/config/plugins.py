@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from trainer.strategies.checkpoint.checkpoint_io import CheckpointIO
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.precision.plugins import Precision, canonical_precision
+from trainer.strategies.precision import Precision, canonical_precision
 
 
 @dataclass

@@ -37,7 +37,7 @@ from typing import Any, Mapping, Optional, Union
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.config.accelerate_config import is_accelerate_config, translate_accelerate_config
-from trainer.config.launch_defaults import ENV_ARGS, ENV_CONFIG, decorated_parameters, resolved_arguments
+from trainer.config.launch_env import ENV_ARGS, ENV_CONFIG, decorated_parameters, resolved_arguments
 SECTIONS = ("trainer", "model", "data")
 #: Launch settings that are also Trainer arguments (same meaning in both places).
 SHARED_WITH_TRAINER = ("devices", "num_nodes")

@@ -14,7 +14,7 @@ finished batches without loading them, and then puts the saved RNG back, as the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, atomic_save, safe_load
 from trainer.strategies.rank import rank_zero_warn
@@ -22,10 +22,23 @@ from trainer.module.saving import check_state_dict
 from trainer.reproducibility.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.engine.engine import Engine
+    from trainer.strategies.strategy import Strategy
 
 FORMAT_VERSION = 1
 SHARED_FILE = "engine_state.pt"
+
+
+class EngineParts(Protocol):
+    """What saving and loading a state need of the :class:`trainer.engine.engine.Engine` (which imports this module,
+    so it is described here rather than imported): its strategy and what it prepared, in order."""
+
+    strategy: "Strategy"
+    _modules: list[Any]  # (module, runner, autocast hooks)
+    _optimizers: list[Any]
+    _schedulers: list[Any]
+    _loaders: list[Any]
+    _custom: list[Any]  # register_for_checkpointing
+    _window: Any  # trainer.engine.wrappers.AccumulationWindow
 
 
 def rank_file(folder: Path, rank: int) -> Path:
@@ -33,7 +46,7 @@ def rank_file(folder: Path, rank: int) -> Path:
     return folder / f"rank_{rank}.pt"
 
 
-def save_engine_state(engine: "Engine", folder: Path) -> Path:
+def save_engine_state(engine: EngineParts, folder: Path) -> Path:
     """Write ``folder`` (see the module docstring); every rank must call it. Returns ``folder``."""
     strategy = engine.strategy
     window = engine._window
@@ -60,7 +73,7 @@ def save_engine_state(engine: "Engine", folder: Path) -> Path:
     return folder
 
 
-def load_engine_state(engine: "Engine", folder: Path) -> None:
+def load_engine_state(engine: EngineParts, folder: Path) -> None:
     """Restore ``folder`` into the objects ``engine`` prepared (in the same order as when it was saved)."""
     strategy = engine.strategy
     path = folder / SHARED_FILE
@@ -97,7 +110,7 @@ def load_engine_state(engine: "Engine", folder: Path) -> None:
                     param.grad = grads[name].to(param.device, param.dtype)
 
 
-def _check_counts(shared: dict[str, Any], engine: "Engine", path: Path) -> None:
+def _check_counts(shared: dict[str, Any], engine: EngineParts, path: Path) -> None:
     found = {"modules": len(engine._modules), "optimizers": len(engine._optimizers),
              "schedulers": len(engine._schedulers), "custom": len(engine._custom)}  # fmt: skip
     wrong = [f"{len(shared[key])} {key} saved, {count} now" for key, count in found.items() if len(shared[key]) != count]

@@ -20,7 +20,7 @@ from trainer.checkpoint.data_position import TrainDataPosition
 from trainer.reproducibility.seed import restore_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainer.strategies.precision.plugins import Precision
+    from trainer.strategies.precision import Precision
     from trainer.strategies.strategy import Strategy
 
 _END = object()

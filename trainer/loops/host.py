@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Protocol, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.strategies.strategy import Strategy
-    from trainer.loops.fit_loop import FitLoop
     from trainer.loops.optimizers import SchedulerConfig
     from trainer.metrics.logged_metrics import ResultCollection
 
@@ -33,7 +32,7 @@ class LoopHost(Protocol):
     # parts and state
     strategy: "Strategy"
     module: Any  # the TrainModule being run
-    fit_loop: "FitLoop"
+    fit_loop: Any  # trainer.loops.fit_loop.FitLoop (not imported: it imports this module)
     should_stop: bool
     num_training_batches: float
     lr_scheduler_configs: list["SchedulerConfig"]

@@ -58,7 +58,7 @@ from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.data_parallel.fsdp import check_wrap_policy, wrap_targets
 from trainer.strategies.nd.mesh import MeshLayout, resolve_layout
 from trainer.strategies.nd.pipeline_stages import auto_boundaries, module_stages, parameter_stages
-from trainer.strategies.precision.plugins import canonical_precision
+from trainer.strategies.precision import canonical_precision
 from trainer.strategies.data_parallel.sharded_optimizer import BUCKET_BYTES, chunk_rows
 from trainer.strategies.nd.tp_plan import block_modules, megatron_plan, replicated_gradients, resolve_tp_plan, tp_shard_dims
 

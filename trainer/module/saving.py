@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 import torch
 
 from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, safe_load
 from trainer.strategies.errors import ConfigurationError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from trainer.module.train_module import TrainModule
+# The TrainModule subclass being loaded (not imported here: train_module imports this module for the classmethod).
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 
 def check_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], path: Any, strict: bool = True) -> None:
@@ -40,8 +40,8 @@ def _short(keys: list[str], limit: int = 10) -> str:
 
 
 def load_module_from_checkpoint(
-    cls: type["TrainModule"], path: Union[str, os.PathLike], map_location: Any, strict: bool, overrides: dict[str, Any]
-) -> "TrainModule":
+    cls: type[ModuleT], path: Union[str, os.PathLike], map_location: Any, strict: bool, overrides: dict[str, Any]
+) -> ModuleT:
     """Rebuild ``cls`` from the checkpoint's ``hyper_parameters`` (``overrides`` win) and load its weights."""
     checkpoint = safe_load(path, map_location=map_location or "cpu")
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:

@@ -21,6 +21,8 @@ _state = threading.local()
 #: The arguments of each class whose ``__init__`` is decorated (``"Trainer"``, ``"Engine"``), recorded when the class
 #: is defined: the experiment-file checks read the Trainer's names here instead of importing the Trainer.
 decorated_parameters: dict[str, tuple[str, ...]] = {}
+#: The decorated ``__init__`` of each class, for the type hints the experiment-file checks read.
+decorated_inits: dict[str, Callable[..., None]] = {}
 
 
 @contextlib.contextmanager
@@ -40,10 +42,14 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
     said otherwise. Settings the decorated class does not take (an Engine has no ``max_epochs``) are left out."""
     signature = inspect.signature(init)
     accepted = set(signature.parameters)
-    decorated_parameters[init.__qualname__.partition(".")[0]] = tuple(name for name in signature.parameters if name != "self")
+    owner = init.__qualname__.partition(".")[0]
+    decorated_parameters[owner] = tuple(name for name in signature.parameters if name != "self")
+    decorated_inits[owner] = init
 
     @functools.wraps(init)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not accepted.issuperset(kwargs):
+            _unknown_argument(type(self).__name__, kwargs, decorated_parameters[owner])
         if (ENV_CONFIG in os.environ or ENV_ARGS in os.environ) and not getattr(_state, "resolved", False):
             from trainer.config.yaml_config import instantiate, trainer_settings
 
@@ -63,3 +69,15 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
         init(self, *args, **kwargs)
 
     return wrapped
+
+
+def _unknown_argument(owner: str, kwargs: dict[str, Any], valid: tuple[str, ...]) -> None:
+    """``Trainer(max_epoch=3)``: a TypeError naming the closest valid argument, as the experiment file's check does."""
+    from trainer.config.value_types import did_you_mean
+    from trainer.strategies.errors import ConfigurationError
+
+    key = next(k for k in kwargs if k not in valid)
+    raise ConfigurationError(
+        f"{owner}() got an unexpected keyword argument '{key}'.{did_you_mean(key, valid)} "
+        f"help({owner}) lists the arguments."
+    )

@@ -43,12 +43,13 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
     signature = inspect.signature(init)
     accepted = set(signature.parameters)
     owner = init.__qualname__.partition(".")[0]
+    open_keywords = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     decorated_parameters[owner] = tuple(name for name in signature.parameters if name != "self")
     decorated_inits[owner] = init
 
     @functools.wraps(init)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
-        if not accepted.issuperset(kwargs):
+        if not open_keywords and not accepted.issuperset(kwargs):
             _unknown_argument(type(self).__name__, kwargs, decorated_parameters[owner])
         if (ENV_CONFIG in os.environ or ENV_ARGS in os.environ) and not getattr(_state, "resolved", False):
             from trainer.config.yaml_config import instantiate, trainer_settings

@@ -52,7 +52,7 @@ def write_text_atomically(path: str, write: Callable[[TextIO], None], newline: s
     except OSError as err:
         raise log_write_error(err, path) from None
     finally:
-        if tmp.exists():
+        if os.path.lexists(tmp):
             tmp.unlink()
 
 

@@ -12,6 +12,11 @@ EXTRAS ?= test,s3,deepspeed
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# torch's JIT extensions (DeepSpeed's CPU collectives) build into this environment's own folder, not the shared
+# ~/.cache/torch_extensions, where another environment's build (or a killed one's lock) would be picked up;
+# tests/conftest.py takes the same default when it is not set.
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
+EXTENSIONS_STAMP := $(TORCH_EXTENSIONS_DIR)/.built
 # gpu-check builds its own venv on top of a Python whose torch has CUDA (its packages are used as they are).
 GPU_PYTHON ?= python3
 GPU_VENV ?= .venv-gpu
@@ -24,17 +29,21 @@ $(BIN)/python:
 $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
-	@# DeepSpeed compiles its CPU collectives on first use; do it here, not inside the first test's time limit.
-	if $(BIN)/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then \
-		$(BIN)/python -m trainer.strategies.data_parallel.deepspeed; fi
 	touch $@
 
-install: $(STAMP)
+# DeepSpeed compiles its CPU collectives on first use; do it here, not inside the first test's time limit.
+$(EXTENSIONS_STAMP): $(STAMP)
+	if $(BIN)/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then \
+		$(BIN)/python -m trainer.strategies.data_parallel.deepspeed; fi
+	mkdir -p $(TORCH_EXTENSIONS_DIR)
+	touch $@
+
+install: $(STAMP) $(EXTENSIONS_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python examples/digits.py
 
-test: $(STAMP)
+test: $(STAMP) $(EXTENSIONS_STAMP)
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 bench: $(STAMP)

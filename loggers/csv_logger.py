@@ -6,6 +6,7 @@ import csv
 import os
 from typing import Any, Optional, Union
 
+from trainer.loggers.log_files import log_write_error, write_text_atomically
 from trainer.loggers.run_folder import FolderLogger, plain_value, save_hparams_yaml
 from trainer.strategies.rank import rank_zero_only
 
@@ -69,20 +70,24 @@ class CSVLogger(FolderLogger):
                     columns.append(key)
         path = os.path.join(self._folder.create(), "metrics.csv")
         if columns == self._columns and os.path.exists(path):
-            with open(path, "a", newline="", encoding="utf-8") as fh:
-                csv.DictWriter(fh, fieldnames=columns).writerows(rows)
+            try:
+                with open(path, "a", newline="", encoding="utf-8") as fh:
+                    csv.DictWriter(fh, fieldnames=columns).writerows(rows)
+            except OSError as err:
+                raise log_write_error(err, path) from None
             return
         previous: list[dict[str, Any]] = []
         if self._columns and os.path.exists(path):
             with open(path, newline="", encoding="utf-8") as fh:
                 previous = list(csv.DictReader(fh))
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+
+        def write(fh: Any) -> None:
             writer = csv.DictWriter(fh, fieldnames=columns)
             writer.writeheader()
             writer.writerows(previous)
             writer.writerows(rows)
-        os.replace(tmp, path)
+
+        write_text_atomically(path, write, newline="")
         self._columns = columns
 
     @rank_zero_only

@@ -148,8 +148,8 @@ def save_hparams_yaml(path: str, params: Mapping[str, Any]) -> None:
             return [plain(v) for v in value]
         return plain_value(value)
 
+    from trainer.loggers.log_files import write_text_atomically
+
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(plain(dict(params)), fh, sort_keys=False)
-    os.replace(tmp, path)
+    data = plain(dict(params))
+    write_text_atomically(path, lambda fh: yaml.safe_dump(data, fh, sort_keys=False))

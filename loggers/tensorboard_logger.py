@@ -7,6 +7,7 @@ import time
 import warnings
 from typing import Any, Optional, Union
 
+from trainer.loggers.log_files import log_write_error, quiet_writer_threads
 from trainer.loggers.run_folder import FolderLogger, flatten_params, plain_value, save_hparams_yaml
 from trainer.strategies.rank import rank_zero_only
 
@@ -46,18 +47,28 @@ class TensorBoardLogger(FolderLogger):
         if self._writer is None and rank_zero_only.rank == 0:  # type: ignore[attr-defined]
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=self._folder.create(), **self._writer_kwargs)
+            quiet_writer_threads()
+            try:
+                self._writer = SummaryWriter(log_dir=self._folder.create(), **self._writer_kwargs)
+            except OSError as err:
+                raise self._write_error(err) from None
         return self._writer
+
+    def _write_error(self, err: OSError) -> OSError:
+        return log_write_error(err, self._folder.path, "TensorBoard event files in")
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         """One scalar per metric at ``step``."""
         writer = self.experiment
         names = self._metric_names
-        for key, value in metrics.items():
-            tag = self._prefix + key
-            writer.add_scalar(tag, plain_value(value), step)
-            names[tag] = None
+        try:
+            for key, value in metrics.items():
+                tag = self._prefix + key
+                writer.add_scalar(tag, plain_value(value), step)
+                names[tag] = None
+        except OSError as err:  # the writer thread's failed write (a full disk), raised on the next event
+            raise self._write_error(err) from None
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any], metrics: Optional[dict[str, float]] = None) -> None:
@@ -97,16 +108,27 @@ class TensorBoardLogger(FolderLogger):
     def save(self) -> None:
         """Flush pending events to disk."""
         if self._writer is not None:
-            self._writer.flush()
+            try:
+                self._writer.flush()
+            except OSError as err:
+                raise self._write_error(err) from None
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
         """Write the hyperparameters with the metric names logged and the run's status; close the file."""
-        if self._hparams:
-            self._write_hparams(status)
-        if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()  # a later log call reopens a new event file in the same folder
+        try:
+            if self._hparams:
+                self._write_hparams(status)
+            if self._writer is not None:
+                self._writer.flush()
+        except OSError as err:
+            raise self._write_error(err) from None
+        finally:
+            if self._writer is not None:
+                try:
+                    self._writer.close()  # a later log call reopens a new event file in the same folder
+                except OSError:
+                    pass  # the flush above already raised this write's error
 
     def _write_hparams(self, status: str) -> None:
         from torch.utils.tensorboard.summary import hparams

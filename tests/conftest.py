@@ -2,8 +2,16 @@
 default_root_dir, logs and checkpoints never land in the repository."""
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# The Makefile's default (`.venv/torch_extensions`, the environment's own folder): DeepSpeed's CPU op built by
+# `make install` is found, and a build of another environment in the shared ~/.cache is not picked up.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 
 @pytest.fixture(autouse=True)
@@ -14,4 +22,7 @@ def _isolated_run(tmp_path, monkeypatch):
 
 
 def pytest_configure(config):
+    from trainer.strategies.data_parallel.deepspeed import remove_stale_build_locks
+
+    remove_stale_build_locks()  # a build killed in an earlier run would make the DeepSpeed tests wait forever
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one; make gpu-check runs them)")

@@ -62,3 +62,42 @@ def test_relative_links_in_readme_and_docs_point_to_existing_files():
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, f"broken links: {broken}"
+
+
+# ---------------------------------------------------------------------------------------------- every Python block runs
+import pytest  # noqa: E402
+
+from docs_blocks import Runner, all_blocks, missing_need, needs_cuda, run_plain, script_of  # noqa: E402
+
+BLOCKS = all_blocks()
+BLOCK_TIMEOUT = 120.0  # each block is CPU-sized (a few seconds); this bounds a hang on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def block_runner():
+    runner = Runner()
+    yield runner
+    runner.close()
+
+
+def test_docs_have_python_blocks_and_every_fragment_names_an_earlier_block():
+    assert len(BLOCKS) >= 20
+    dangling = [f"{b.name}: '# fragment: continues {b.continues}' matches no earlier block's first line or heading"
+                for b in BLOCKS if b.continues is not None and b.previous is None]  # fmt: skip
+    assert not dangling, "\n".join(dangling)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
+def test_python_block_runs_as_written(block, block_runner, tmp_path):
+    """Each block runs as a reader would paste it (with the blocks it says it continues first), in a fresh folder."""
+    if block.continues is not None and block.previous is None:
+        pytest.fail(f"{block.name} continues '{block.continues}', which is no earlier block of {block.page}")
+    reason = missing_need(block)
+    if reason:
+        pytest.skip(reason)
+    run = run_plain if needs_cuda(block) else block_runner.run
+    status, timed_out, output = run(script_of(block), tmp_path, BLOCK_TIMEOUT)
+    assert not timed_out, f"{block.name} ran over {BLOCK_TIMEOUT:.0f} s:\n{output[-3000:]}"
+    assert status == 0, (f"{block.name} failed (exit status {status}). Make it self-contained (imports, toy data), "
+                         f"or mark it '# fragment: continues <an earlier block's heading or first line>' or "
+                         f"'# needs: cuda' (tests/docs_blocks.py lists the markers):\n{output[-3000:]}")  # fmt: skip

@@ -37,6 +37,7 @@ from typing import Any, Mapping, Optional, Union
 
 from trainer.callbacks.callback import Callback
 from trainer.strategies.errors import ConfigurationError
+from trainer.config.value_types import fits as _matches, hint_name as _hint_name
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 _DATA_ARGUMENTS = {"model", "train_dataloaders", "val_dataloaders", "dataloaders", "datamodule"}
@@ -65,32 +66,6 @@ def _hints(cls: type) -> dict[str, Any]:
         return typing.get_type_hints(inspect.unwrap(cls.__init__))
     except Exception:  # noqa: BLE001 - unresolvable forward references: no type checks
         return {}
-
-
-def _matches(hint: Any, value: Any) -> bool:
-    """Whether ``value`` (as YAML read it) fits type hint ``hint``; hints it cannot judge are accepted."""
-    if hint is Any or hint is inspect.Parameter.empty:
-        return True
-    origin = typing.get_origin(hint)
-    if origin is Union or type(hint).__name__ == "UnionType":
-        return any(_matches(arg, value) for arg in typing.get_args(hint))
-    if origin is typing.Literal:
-        return value in typing.get_args(hint)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if origin in (list, tuple, set, typing.Sequence) or hint in (list, tuple):
-        return isinstance(value, (list, tuple))
-    if origin in (dict, typing.Mapping) or hint is dict:
-        return isinstance(value, Mapping)
-    return True  # classes, callables, ...: the constructor judges (class_path entries are built first)
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -534,7 +509,3 @@ class TrainerCLI:
             else:
                 lines.append(f"  --{key}={value!r}")
         print("\n".join(lines))
-
-
-def _hint_name(hint: Any) -> str:
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")

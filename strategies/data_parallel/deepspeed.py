@@ -348,15 +348,46 @@ def build_cpu_ops() -> None:
 
     DeepSpeed builds it just in time, in the first job that needs it: a minute or more of compiling on a small
     machine, inside that job's time, and a job killed meanwhile leaves a lock that makes the next one wait forever.
-    ``make install`` runs this once (``python -m trainer.strategies.data_parallel.deepspeed``); the build is cached in torch's extension
-    folder (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``).
+    ``make install`` runs this once (``python -m trainer.strategies.data_parallel.deepspeed``); the build is cached in
+    torch's extension folder, ``TORCH_EXTENSIONS_DIR`` (the Makefile and the tests set it to ``.venv/torch_extensions``,
+    so another environment's build in the shared ``~/.cache/torch_extensions`` is never mixed up with this one).
     """
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    removed = remove_stale_build_locks()
+    if removed:
+        print(f"Removed the lock of a build that was killed midway: {', '.join(removed)}")
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
     builder = ShareMemCommBuilder()
     if builder.is_compatible():
         builder.load(verbose=False)
+        print(f"DeepSpeed's CPU collectives are built in {os.environ.get('TORCH_EXTENSIONS_DIR') or '~/.cache/torch_extensions'}")
+
+
+#: No build of an extension takes this long; a ``lock`` older than this was left by a build that was killed.
+STALE_LOCK_SECONDS = 900.0
+
+
+def remove_stale_build_locks(root: Optional[str] = None, older_than: float = STALE_LOCK_SECONDS) -> list[str]:
+    """Delete the ``lock`` files that torch's extension builder leaves when a build is killed midway (every later
+    build of that extension waits on it forever). A lock is stale once it is older than any build takes; ``root``
+    defaults to ``TORCH_EXTENSIONS_DIR`` (nothing happens when it is not set). Returns the paths removed."""
+    import time
+
+    root = root or os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root or not os.path.isdir(root):
+        return []
+    removed = []
+    now = time.time()
+    for name in sorted(os.listdir(root)):
+        lock = os.path.join(root, name, "lock")
+        try:
+            if now - os.path.getmtime(lock) > older_than:
+                os.remove(lock)
+                removed.append(lock)
+        except OSError:  # no lock, or another process removed it first
+            continue
+    return removed
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def module_stages(module: nn.Module, boundaries: Sequence[str]) -> dict[str, int
     if unknown:
         raise ConfigurationError(
             f"Pipeline boundaries {unknown} are not submodules of {type(module).__name__}. Name the modules that "
-            f"begin stages 1, 2, ..., e.g. {[n for n in names if n.count('.') == 1][:4]}."
+            f"begin stages 1, 2, ... by their full path in the model: {_suggested_boundaries(module, names, boundaries)}"
         )
     order = {name: i for i, name in reversed(list(enumerate(names)))}
     positions = [order[b] for b in boundaries]
@@ -61,6 +61,29 @@ def module_stages(module: nn.Module, boundaries: Sequence[str]) -> dict[str, int
             stage += 1
         stages[name] = stage
     return stages
+
+
+def _suggested_boundaries(module: nn.Module, names: list[str], boundaries: Sequence[str]) -> str:
+    """The boundaries the user most likely meant: each name completed to the one module path ending in it
+    (``"h.12"`` → ``"transformer.h.12"``), else a balanced split into as many stages."""
+    completed = []
+    for boundary in boundaries:
+        if boundary in names and boundary:
+            completed.append(boundary)
+            continue
+        matches = [n for n in names if boundary and n.endswith("." + boundary)]
+        if len(matches) != 1:
+            break
+        completed.append(matches[0])
+    else:
+        return f"did you mean {completed}?"
+    # the repeated blocks (children of a ModuleList) stay whole, as a user's split would keep them
+    blocks = tuple({type(child) for m in module.modules() if isinstance(m, nn.ModuleList) for child in m})
+    try:
+        balanced = auto_boundaries(module, len(boundaries) + 1, no_split=blocks)
+    except ConfigurationError:
+        return f"the modules are {[n for n in names if n][:8]}, ..."
+    return f"e.g. {balanced} (a split into {len(boundaries) + 1} stages of about equal size)."
 
 
 def parameter_stages(module: nn.Module, boundaries: Sequence[str]) -> dict[str, int]:

@@ -29,10 +29,20 @@ COMMANDS = ("config", "run", "slurm", "env", "checkpoint", "estimate_memory")
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser and each command's sub-parser."""
     parser = argparse.ArgumentParser(prog="trainer", description="Configure and launch training with trainer.")
+    parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     commands = {name: importlib.import_module(f"trainer.cli.{name}").add_parser(subparsers) for name in COMMANDS}
     return parser, commands
+
+
+def version_line() -> str:
+    """``trainer --version``: this package's version and torch's, as a bug report wants them."""
+    import torch
+
+    from trainer import __version__
+
+    return f"trainer {__version__} (distribution trainwright), torch {torch.__version__}, Python {sys.version.split()[0]}"
 
 
 def main(argv: Optional[list[str]] = None) -> int:

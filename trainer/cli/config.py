@@ -35,6 +35,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--env", action="append", default=None, metavar="KEY=VALUE",
                         help="extra environment variable (repeatable)")  # fmt: skip
     parser.add_argument("--yes", "-y", action="store_true", help="never prompt: take defaults for what is not given")
+    parser.add_argument("--force", "--overwrite", action="store_true",
+                        help="replace FILE when it exists (otherwise an existing file is never touched)")  # fmt: skip
     parser.set_defaults(handler=main)
     return parser
 
@@ -135,11 +137,16 @@ def _default_devices() -> int:
 
 def main(args: argparse.Namespace, read: Optional[Callable[[str], str]] = None) -> int:
     """Write the file and say how to use it."""
+    path = Path(args.output)
+    if path.exists() and not args.force:
+        raise ConfigurationError(
+            f"{path} exists and would be replaced, with any sections written by hand. Write elsewhere (-o FILE) or "
+            "pass --force to replace it."
+        )
     interactive = not args.yes and sys.stdin.isatty() and sys.stdout.isatty()
     config = build_config(args, interactive, read or input)
     if args.trainer_args:
         config.trainer.update(args.trainer_args)
-    path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(HEADER.format(path=path) + dump_config(config))
     print(f"Wrote {path}. Launch with: trainer run --config {path} train.py")

@@ -17,7 +17,7 @@ from trainer.strategies.errors import ConfigurationError
 from trainer.cli.common import (
     command_parser, job_variables, merged_config, non_negative_int, port, positive_int, value_options,
 )
-from trainer.config.yaml_config import ExperimentConfig, split_trainer_args
+from trainer.config.yaml_config import ExperimentConfig, check_trainer_values, split_trainer_args
 
 DEFAULT_PORT = 29500
 FLAGS = ("devices", "num_nodes", "node_rank", "main_address", "main_port", "max_restarts")
@@ -85,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
     """Build the torchrun command and replace this process with it (signals reach the agent directly)."""
     config = merged_config(args.config, {key: getattr(args, key) for key in FLAGS})
     check_launch(config, args.script, args.module)
+    check_trainer_values({**config.trainer, **args.trainer_args}, f"{args.config}: trainer." if args.config else "--trainer.")
     command = torchrun_command(config, args.script, args.script_args, args.module)
     variables = job_variables(config, args.config, args.trainer_args)
     if args.dry_run:

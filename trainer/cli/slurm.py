@@ -21,7 +21,7 @@ from typing import Any
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.cli.common import command_parser, job_variables, merged_config, parse_env, positive_int, value_options
-from trainer.config.yaml_config import ExperimentConfig, split_trainer_args
+from trainer.config.yaml_config import ExperimentConfig, check_trainer_values, split_trainer_args
 
 # minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch --time)
 _TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
@@ -167,6 +167,7 @@ def main(args: argparse.Namespace) -> int:
     config.env.update(parse_env(args.env))
     trainer_args: dict[str, Any] = {"accelerator": "cpu" if args.accelerator == "cpu" else "gpu"}
     trainer_args.update(args.trainer_args)
+    check_trainer_values({**config.trainer, **args.trainer_args}, f"{args.config}: trainer." if args.config else "--trainer.")
     job_name = args.job_name or Path(args.script).stem
     text = sbatch_script(args, job_name, config, job_variables(config, args.config, trainer_args))
     path = Path(args.output or f"{job_name}.sbatch")

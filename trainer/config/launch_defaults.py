@@ -16,6 +16,7 @@ from trainer.config.launch_env import (  # noqa: F401  (ENV_*, resolved_argument
     ENV_ARGS,
     ENV_CONFIG,
     arguments_resolved,
+    decorated_inits,
     decorated_parameters,
     resolved_arguments,
 )
@@ -27,10 +28,15 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
     said otherwise. Settings the decorated class does not take (an Engine has no ``max_epochs``) are left out."""
     signature = inspect.signature(init)
     accepted = set(signature.parameters)
-    decorated_parameters[init.__qualname__.partition(".")[0]] = tuple(name for name in signature.parameters if name != "self")
+    owner = init.__qualname__.partition(".")[0]
+    open_keywords = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    decorated_parameters[owner] = tuple(name for name in signature.parameters if name != "self")
+    decorated_inits[owner] = init
 
     @functools.wraps(init)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not open_keywords and not accepted.issuperset(kwargs):
+            _unknown_argument(type(self).__name__, kwargs, decorated_parameters[owner])
         if (ENV_CONFIG in os.environ or ENV_ARGS in os.environ) and not arguments_resolved():
             from trainer.config.yaml_config import instantiate, trainer_settings
 
@@ -50,3 +56,15 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
         init(self, *args, **kwargs)
 
     return wrapped
+
+
+def _unknown_argument(owner: str, kwargs: dict[str, Any], valid: tuple[str, ...]) -> None:
+    """``Trainer(max_epoch=3)``: a TypeError naming the closest valid argument, as the experiment file's check does."""
+    from trainer.config.value_types import did_you_mean
+    from trainer.strategies.errors import ConfigurationError
+
+    key = next(k for k in kwargs if k not in valid)
+    raise ConfigurationError(
+        f"{owner}() got an unexpected keyword argument '{key}'.{did_you_mean(key, valid)} "
+        f"help({owner}) lists the arguments."
+    )

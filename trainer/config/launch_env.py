@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 ENV_CONFIG = "TRAINER_CONFIG"
 ENV_ARGS = "TRAINER_ARGS"
@@ -17,6 +17,8 @@ _state = threading.local()
 #: The arguments of each class whose ``__init__`` is decorated (``"Trainer"``, ``"Engine"``), recorded when the class
 #: is defined: the experiment-file checks read the Trainer's names here instead of importing the Trainer.
 decorated_parameters: dict[str, tuple[str, ...]] = {}
+#: The decorated ``__init__`` of each class, for the type hints the experiment-file checks read.
+decorated_inits: dict[str, Callable[..., None]] = {}
 
 
 @contextlib.contextmanager

@@ -28,7 +28,6 @@ the script win, with a warning when they differ); ``Trainer.from_config()`` uses
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import json
 import os
@@ -37,7 +36,9 @@ from typing import Any, Mapping, Optional, Union
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.config.accelerate_config import is_accelerate_config, translate_accelerate_config
-from trainer.config.launch_env import ENV_ARGS, ENV_CONFIG, decorated_parameters, resolved_arguments
+from trainer.config.launch_env import ENV_ARGS, ENV_CONFIG, decorated_inits, decorated_parameters, resolved_arguments
+from trainer.config.value_types import describe, did_you_mean, fits
+
 SECTIONS = ("trainer", "model", "data")
 #: Launch settings that are also Trainer arguments (same meaning in both places).
 SHARED_WITH_TRAINER = ("devices", "num_nodes")
@@ -107,9 +108,14 @@ def load_config(config: Union[str, os.PathLike, Mapping[str, Any], None]) -> Exp
         return ExperimentConfig()
     source = "config" if isinstance(config, Mapping) else str(config)
     data = config if isinstance(config, Mapping) else read_yaml(config)
+    if data is None:
+        raise ConfigurationError(
+            f"Config file '{source}' is empty, so it sets nothing (a Trainer would fall back to max_epochs=1000). "
+            "Write the settings it should hold, e.g. 'trainer: {max_epochs: 3}', or run `trainer config` to write one."
+        )
     if is_accelerate_config(data):
         data = translate_accelerate_config(data, source)
-    return parse_config({} if data is None else data, source)
+    return parse_config(data, source)
 
 
 def parse_config(data: Any, source: str) -> ExperimentConfig:
@@ -131,7 +137,40 @@ def parse_config(data: Any, source: str) -> ExperimentConfig:
             raise ConfigurationError(f"{source}: '{section}' must be a mapping of settings, not {value!r}.")
         setattr(config, section, dict(value))
     check_keys(config.trainer, trainer_parameter_names(), f"{source}: trainer")
+    check_trainer_types(config.trainer, f"{source}: trainer.")
     return config
+
+
+def check_trainer_types(settings: Mapping[str, Any], where: str) -> None:
+    """Each Trainer argument's value against the type hint of ``Trainer.__init__``, so a file with
+    ``max_epochs: "three"`` is refused before any process starts. ``class_path`` entries are left to their class."""
+    import typing
+
+    hints = typing.get_type_hints(decorated_inits["Trainer"])
+    for key, value in settings.items():
+        if isinstance(value, Mapping) and "class_path" in value:
+            continue
+        if key in hints and not fits(hints[key], value):
+            raise ConfigurationError(f"{where}{key}={value!r} must be {describe(hints[key])}.")
+
+
+def check_trainer_values(settings: Mapping[str, Any], where: str) -> None:
+    """The Trainer's own checks of its loop arguments and precision on ``settings`` (the others at their defaults),
+    run by ``trainer run`` so that e.g. ``max_epochs: -5`` is one error line before any worker starts."""
+    import inspect
+
+    from trainer.config.arguments import validate_arguments
+    from trainer.strategies.precision.plugins import precision_plugin
+
+    parameters = inspect.signature(decorated_inits["Trainer"]).parameters
+    args = {name: p.default for name, p in parameters.items() if name != "self"}
+    args.update(settings)
+    try:
+        validate_arguments(args)
+        if isinstance(args["precision"], (str, int)):
+            precision_plugin(args["precision"])
+    except ConfigurationError as err:
+        raise ConfigurationError(f"{where}{err}") from None
 
 
 def check_launch_value(key: str, value: Any, source: str) -> Any:
@@ -168,8 +207,7 @@ def check_keys(data: Mapping[str, Any], valid: Any, where: str, hint: str = "") 
     valid = list(valid)
     for key in data:
         if key not in valid:
-            close = difflib.get_close_matches(str(key), valid, n=1)
-            guess = f" Did you mean '{close[0]}'?" if close else ""
+            guess = did_you_mean(key, valid)
             raise ConfigurationError(
                 f"{where}: unknown key '{key}'.{guess} Valid keys: {', '.join(valid)}.{' ' + hint if hint else ''}"
             )
@@ -207,6 +245,7 @@ def parse_trainer_args(tokens: list[str]) -> dict[str, Any]:
         out[name.replace("-", "_")] = parse_value(value)
         i += 1
     check_keys(out, trainer_parameter_names(), "--trainer.*")
+    check_trainer_types(out, "--trainer.")
     return out
 
 
@@ -321,4 +360,9 @@ def build_from_config(cls: type, config: Any, defaults: dict[str, Any]) -> Any:
     check_keys(kwargs, trainer_parameter_names(), "Trainer.from_config(**defaults)")
     kwargs.update({k: instantiate(v) for k, v in trainer_settings(config).items()})
     with resolved_arguments():
-        return cls(**kwargs)
+        if config is None or isinstance(config, (Mapping, ExperimentConfig)):
+            return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except ConfigurationError as err:  # name the file the settings came from
+            raise ConfigurationError(f"Trainer.from_config('{config}'): {err}") from None

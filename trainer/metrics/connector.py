@@ -7,6 +7,8 @@ the end of an evaluation epoch. Reads in between return the last reduced value o
 """
 from __future__ import annotations
 
+import warnings
+
 from typing import Any
 
 from trainer.strategies.rank import rank_zero_only
@@ -107,10 +109,18 @@ class MetricsConnector:
             logger.log_graph(model)  # a no-op unless the logger was asked to, e.g. TensorBoardLogger(log_graph=True)
 
     def finalize(self, status: str) -> None:
-        """Close every logger with the run's status."""
+        """Close every logger with the run's status. After a failed or interrupted run a logger that cannot close
+        (the disk that failed the run is still full) gets a one-line warning: the run's own error is the one raised."""
         if self.trainer.is_global_zero:
             for logger in self.trainer.loggers:
-                logger.finalize(status)
+                if status == "success":
+                    logger.finalize(status)
+                    continue
+                try:
+                    logger.finalize(status)
+                except Exception as err:  # noqa: BLE001 - reported, and the run's error follows
+                    warnings.warn(f"{type(logger).__name__} could not be closed after the run {status}: {err}",
+                                  stacklevel=2)  # fmt: skip
 
 
 def print_eval_results(stage: str, outputs: list[dict[str, float]]) -> None:

@@ -54,8 +54,10 @@ class Trainer:
     Under ``trainer run``/``trainer slurm`` the launcher's settings fill the arguments the script leaves out.
 
     Faults during fit (:mod:`trainer.faults.monitor`): ``stop_signals`` finish the current optimizer step, save
-    ``interrupted.ckpt`` and exit (SIGINT: raise ``KeyboardInterrupt``); ``on_nonfinite_loss`` is "stop" (the
-    default; "ignore" under 16-mixed, whose scaler skips such steps), "skip", "raise" or "ignore". Under SLURM,
+    ``interrupted.ckpt`` and exit (SIGINT: raise ``KeyboardInterrupt``), :attr:`interrupted` says so;
+    ``on_nonfinite_loss`` is "stop" (the default: the last good weights put back, then ``fit()`` raises
+    :class:`~trainer.faults.nonfinite.NonFiniteLossError`; "ignore" under 16-mixed, whose scaler skips such steps),
+    "warn" (the same stop, ``fit()`` returns), "skip", "raise" or "ignore". Under SLURM,
     SIGUSR1 also saves, requeues the job and exits; the requeued job resumes (:mod:`trainer.faults.slurm_requeue`).
     """
 
@@ -150,6 +152,9 @@ class Trainer:
         self.module: Optional[TrainModule] = None
         self.datamodule: Optional[DataModule] = None
         self.should_stop = False
+        #: True when the last fit/validate/test/predict ended early: an exception, a stop signal or Ctrl-C (after
+        #: ``interrupted.ckpt`` was saved), or a non-finite loss (also under ``on_nonfinite_loss="warn"``).
+        self.interrupted = False
         self.sanity_checking = False
         self.state_stage: Optional[str] = None
         self.fit_loop = FitLoop(self)
@@ -335,6 +340,7 @@ class Trainer:
     def _stage(self, stage: str, model: TrainModule, datamodule: Optional[DataModule]):
         """Set-up common to every stage; on_exception and teardown however the stage ends."""
         self.state_stage = stage
+        self.interrupted = False
         self.strategy.setup_environment()
         model.trainer = self
         self.module = model
@@ -354,6 +360,7 @@ class Trainer:
             self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
             finished = True
         except BaseException as exc:
+            self.interrupted = True
             for hook in self._hooks.callback_hooks["on_exception"]:
                 hook(self, model, exc)
             self._metrics.finalize("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")

@@ -13,6 +13,7 @@ import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.loggers.logger import Logger
+from trainer.loggers.run_folder import agree_versions
 from trainer.strategies.connector import build_strategy
 from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
 from trainer.strategies.speed.compile import check_compile
@@ -342,6 +343,8 @@ class Trainer:
         self.state_stage = stage
         self.interrupted = False
         self.strategy.setup_environment()
+        if self.strategy.world_size > 1 and self.loggers:
+            agree_versions(self.loggers, self.strategy.broadcast)  # rank 0 claimed the version folder
         model.trainer = self
         self.module = model
         if datamodule is not None:

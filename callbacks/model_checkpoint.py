@@ -167,6 +167,20 @@ class ModelCheckpoint(Callback):
         # the newest checkpoint should be the final state.
         if not self._skip(trainer) and (self.save_last or self.monitor is None):
             self._save_all(trainer, top_k=self.monitor is None)
+        if self.monitor is not None and self.monitor in self._warned and not self.best_model_path and self.save_top_k:
+            self._warn_never_logged(trainer)
+
+    def _warn_never_logged(self, trainer: Any) -> None:
+        """The fit ends and the monitored metric never came: say so once, loudly, not only in the per-epoch skip."""
+        no_val = self.monitor.startswith("val") and sum(trainer.num_val_batches) == 0
+        hint = (" No validation batch ran (an empty validation set, limit_val_batches=0, or no validation_step), so "
+                "a metric logged in validation_step never existed." if no_val else "")
+        kept = f" Only last.ckpt ({self.last_model_path}) was written." if self.last_model_path else ""
+        rank_zero_warn(
+            f"ModelCheckpoint(monitor={self.monitor!r}): the metric was never logged during this fit, so no "
+            f"checkpoint was saved for it and best_model_path is empty.{hint}{kept} Log {self.monitor!r} with "
+            "self.log(...), monitor a metric that is logged, or pass save_last=True to keep the final weights."
+        )
 
     # ------------------------------------------------------------------ when
     def _skip(self, trainer: Any) -> bool:

@@ -36,6 +36,7 @@ from trainer.config.launch_defaults import with_launch_defaults
 from trainer.metrics.logged_metrics import ResultCollection
 from trainer.metrics.connector import MetricsConnector, print_eval_results
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
+from trainer.loops import fit_outcome
 from trainer.loops.fit_loop import FitLoop
 from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
@@ -286,6 +287,10 @@ class Trainer:
             ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
             if ckpt_path is not None:
                 self._checkpoint.restore_training(ckpt_path)
+            else:
+                fit_outcome.warn_if_already_done(self)  # a second fit() on a finished Trainer
+            progress = self.fit_loop.progress
+            trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
             model.train()
             self._call_hook("on_fit_start")
             if self.enable_autolog_hparams:
@@ -296,6 +301,8 @@ class Trainer:
                 self._results = self._metrics.train
                 with torch.autograd.set_detect_anomaly(True) if self.detect_anomaly else contextlib.nullcontext():
                     self.fit_loop.run(epoch_loop)
+            if trained_from is not None and not self.interrupted:  # on_nonfinite_loss="warn" has said why already
+                fit_outcome.warn_if_no_step(self, *trained_from)
             self._call_hook("on_fit_end")
             self._metrics.finalize(self._faults.status)
 

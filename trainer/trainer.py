@@ -23,13 +23,14 @@ from trainer.strategies.strategy import Strategy
 from trainer.data import loaders as data_utils
 from trainer.checkpoint import auto_resume
 from trainer.faults import slurm_requeue
-from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, checkpoints_last, set_benchmark,
-                               set_deterministic, validate_arguments, with_max_time)
+from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
+                                      checkpoints_last, validate_arguments, with_max_time)
 from trainer.checkpoint.connector import CheckpointConnector
 from trainer.module.datamodule import DataModule
 from trainer.data.distributed import balance_training_batches
 from trainer.faults.monitor import FaultMonitor
 from trainer.hooks import HookDispatcher
+from trainer.module import precision_dtype
 from trainer.module.overrides import overrides
 from trainer.profiler.instrumentation import Instrumentation
 from trainer.config.launch_defaults import with_launch_defaults
@@ -44,6 +45,7 @@ from trainer.module.train_module import TrainModule, configure_model_once
 from trainer.loops.optimizers import SchedulerConfig, parse_optimizers
 from trainer.config.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
 from trainer.profiler.profilers import Profiler, build_profiler
+from trainer.reproducibility import torch_flags
 from trainer.reproducibility.seed import isolated_rng, seed_everything
 from trainer.spawned import run_spawned
 
@@ -148,8 +150,8 @@ class Trainer:
         check_sync_batchnorm(self.sync_batchnorm, self.strategy)
         self.precision: str = self.strategy.precision.name
         self.num_nodes = num_nodes
-        set_deterministic(deterministic)
-        set_benchmark(benchmark, deterministic)
+        check_benchmark(benchmark, deterministic)
+        self.benchmark = benchmark  # with deterministic: torch flags held while a stage runs, then put back
 
         self.module: Optional[TrainModule] = None
         self.datamodule: Optional[DataModule] = None
@@ -360,6 +362,7 @@ class Trainer:
         self._hooks = HookDispatcher(self._callbacks_with(model), model)
         profiling = Instrumentation.attach(self, stage) if self.profiler is not None else None
         finished = False
+        saved_flags = torch_flags.apply(self.deterministic, self.benchmark)
         try:
             data_utils.prepare_data(self.strategy, model, datamodule)
             if datamodule is not None:
@@ -376,6 +379,7 @@ class Trainer:
             self._metrics.finalize("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
         finally:
+            torch_flags.restore(saved_flags)  # deterministic/benchmark: a later Trainer starts from the script's
             self._call_hook("teardown", stage)
             if datamodule is not None:
                 datamodule.teardown(stage)
@@ -443,7 +447,9 @@ class Trainer:
         """Activation checkpointing, the strategy's placing and wrapping, then ``compile`` where the wrapper needs it."""
         if self.activation_checkpointing:
             apply_activation_checkpointing(model, self.activation_checkpointing)
+        before = precision_dtype.undo_earlier_conversion(model, self.strategy.precision)  # e.g. 64-true, then 32-true
         self.strategy.setup_module(model)
+        precision_dtype.remember_conversion(model, before, self.strategy.precision)
         if self.compile is not None:
             module = self.strategy.module if self.strategy.module is not None else model
             self.strategy.compile_module(module, self.compile)

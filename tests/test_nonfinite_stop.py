@@ -70,3 +70,15 @@ def test_two_ranks_stop_together_reload_the_last_checkpoint_and_the_script_exits
     assert done.returncode != 0, output
     assert "NonFiniteLossError" in output and "reloaded from that checkpoint" in output, output
     assert "rank 0: caught at step 5, weights as saved: True, interrupted: True" in output, output
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch build has no torch.distributed")
+@pytest.mark.timeout(240)
+def test_trainer_run_exits_non_zero_after_a_nan_stop(tmp_path: Path) -> None:
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, "-m", "trainer", "run", "--devices", "2", str(SCRIPT), str(tmp_path), "2"],
+                          env=env, capture_output=True, text=True, timeout=200, cwd=tmp_path)  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "NonFiniteLossError: The training loss was nan at global step 5" in output, output

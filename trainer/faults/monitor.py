@@ -129,6 +129,7 @@ class FaultMonitor:
         trainer = self.trainer
         last = trainer._checkpoint.last_saved_path
         step = getattr(err, "global_step", None)
+        trainer.module.zero_grad(set_to_none=True)  # a partial window's (or non-finite) gradients: not for later
         if self._exact:
             weights = (f"The weights in memory are those of global step {step}, the last good one (the bad loss's "
                        "backward did not run).")  # fmt: skip

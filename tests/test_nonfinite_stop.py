@@ -82,3 +82,17 @@ def test_trainer_run_exits_non_zero_after_a_nan_stop(tmp_path: Path) -> None:
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
     assert "NonFiniteLossError: The training loss was nan at global step 5" in output, output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible: the deferred (no host sync) check runs "
+                                                           "in one process only on an accelerator")
+def test_on_a_gpu_the_weights_of_the_last_checkpoint_are_put_back(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = LossTurnsNaN()
+    callback = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer = make_trainer(tmp_path, max_epochs=3, callbacks=[callback], accelerator="cuda", devices=1)
+    with pytest.raises(NonFiniteLossError, match="reloaded from that checkpoint") as raised:
+        trainer.fit(module, *loaders())
+    saved = torch.load(raised.value.checkpoint_path, weights_only=True)["state_dict"]
+    for name, value in module.state_dict().items():
+        assert torch.equal(value.cpu(), saved[name].cpu())

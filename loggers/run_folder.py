@@ -59,7 +59,8 @@ class RunFolder:
     def version(self) -> Union[int, str]:
         """The version given, or the next free ``version_N`` number under :attr:`root`, claimed by creating it."""
         if self._version is None:
-            version = claim_version(self.root) if rank_zero_only.rank == 0 else next_version(self.root)  # type: ignore[attr-defined]
+            rank = rank_zero_only.rank  # type: ignore[attr-defined]
+            version = claim_version(self.root) if rank == 0 else next_version(self.root)
             for folder in self._siblings:
                 if folder._version is None:
                     folder._version = version

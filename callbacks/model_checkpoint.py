@@ -167,6 +167,20 @@ class ModelCheckpoint(Callback):
         # the newest checkpoint should be the final state.
         if not self._skip(trainer) and (self.save_last or self.monitor is None):
             self._save_all(trainer, top_k=self.monitor is None)
+        if self.monitor is not None and self.monitor in self._warned and not self.best_model_path and self.save_top_k:
+            self._warn_never_logged(trainer)
+
+    def _warn_never_logged(self, trainer: Any) -> None:
+        """The fit ends and the monitored metric never came: say so once, loudly, not only in the per-epoch skip."""
+        no_val = self.monitor.startswith("val") and sum(trainer.num_val_batches) == 0
+        hint = (" No validation batch ran (an empty validation set, limit_val_batches=0, or no validation_step), so "
+                "a metric logged in validation_step never existed." if no_val else "")
+        kept = f" Only last.ckpt ({self.last_model_path}) was written." if self.last_model_path else ""
+        rank_zero_warn(
+            f"ModelCheckpoint(monitor={self.monitor!r}): the metric was never logged during this fit, so no "
+            f"checkpoint was saved for it and best_model_path is empty.{hint}{kept} Log {self.monitor!r} with "
+            "self.log(...), monitor a metric that is logged, or pass save_last=True to keep the final weights."
+        )
 
     # ------------------------------------------------------------------ when
     def _skip(self, trainer: Any) -> bool:
@@ -399,6 +413,9 @@ class ModelCheckpoint(Callback):
             self.kth_value = as_tensor(state_dict.get("kth_value", float(self.kth_value)))
             self.last_model_path = state_dict.get("last_model_path", "")
             self._recent = list(state_dict.get("recent_model_paths", []))
+        elif _sibling_runs(saved_dir, self.dirpath):  # the ordinary resume: the logger opened a new version_N
+            rank_zero_info("ModelCheckpoint: resuming from %s; this run saves into %s (best_model_path is kept, top-k "
+                           "starts afresh there).", saved_dir, self.dirpath)  # fmt: skip
         else:
             rank_zero_warn(
                 f"ModelCheckpoint: the checkpoint folder changed from {saved_dir!r} to {self.dirpath!r}, so only "
@@ -412,6 +429,15 @@ def _folder(path: Union[str, os.PathLike]) -> str:
     """An absolute, resolved local folder; a URL as given."""
     text = os.fspath(path)
     return text.rstrip("/") if storage.is_remote(text) else os.path.realpath(os.path.expanduser(text))
+
+
+def _sibling_runs(a: Optional[str], b: Optional[str]) -> bool:
+    """Whether ``a`` and ``b`` are the ``version_N/checkpoints`` folders of two runs of one experiment."""
+    if not a or not b:
+        return False
+    a_path, b_path = Path(a.rstrip("/")), Path(b.rstrip("/"))
+    return (a_path.name == b_path.name == "checkpoints" and a_path.parent.parent == b_path.parent.parent
+            and all(re.fullmatch(r"version_\d+", p.parent.name) for p in (a_path, b_path)))  # fmt: skip
 
 
 def _same_path(a: str, b: str) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from trainer.loggers.logger import Logger
 from trainer.strategies.rank import rank_zero_only
@@ -21,14 +21,27 @@ def next_version(root: Union[str, os.PathLike]) -> int:
     return max(found) + 1 if found else 0
 
 
+def claim_version(root: Union[str, os.PathLike]) -> int:
+    """Create the next free ``root/version_N`` and return ``N``. ``mkdir`` is the claim: of two runs started at
+    once on the same root, one gets ``version_N`` and the other, finding it made, takes ``N + 1``."""
+    os.makedirs(root, exist_ok=True)
+    version = next_version(root)
+    while True:
+        try:
+            os.mkdir(os.path.join(root, f"version_{version}"))
+            return version
+        except FileExistsError:
+            version += 1
+
+
 class RunFolder:
     """Where one logger writes: ``save_dir/name/version`` with the version resolved on first use.
 
     The version is chosen lazily (first access of :attr:`version`/:attr:`path`), so two Trainers built one
     after the other and fitted in turn get ``version_0`` and ``version_1``; it is fixed before the logger
-    is pickled, so spawned ranks use the parent's. Only global rank 0 creates the folder. A rank started
-    separately (torchrun, srun) resolves its own version: it matches rank 0's when read before rank 0
-    first writes (e.g. during set-up), so code that needs the same path on every rank should broadcast it.
+    is pickled, so spawned ranks use the parent's. Global rank 0 claims the version by creating its folder
+    (:func:`claim_version`), so runs started at once on one root never share a folder. Ranks started
+    separately (torchrun, srun) take rank 0's version when a stage starts (the Trainer broadcasts it).
     """
 
     def __init__(self, save_dir: Union[str, os.PathLike], name: Optional[str], version: Union[int, str, None]) -> None:
@@ -44,9 +57,10 @@ class RunFolder:
 
     @property
     def version(self) -> Union[int, str]:
-        """The version given, or the next free ``version_N`` number under :attr:`root`."""
+        """The version given, or the next free ``version_N`` number under :attr:`root`, claimed by creating it."""
         if self._version is None:
-            version = next_version(self.root)
+            rank = rank_zero_only.rank  # type: ignore[attr-defined]
+            version = claim_version(self.root) if rank == 0 else next_version(self.root)
             for folder in self._siblings:
                 if folder._version is None:
                     folder._version = version
@@ -68,6 +82,17 @@ class RunFolder:
         if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
             os.makedirs(path, exist_ok=True)
         return path
+
+
+def run_folders(loggers: list[Logger]) -> list[RunFolder]:
+    """The :class:`RunFolder` of each logger that has one."""
+    return [logger._folder for logger in loggers if isinstance(getattr(logger, "_folder", None), RunFolder)]
+
+
+def agree_versions(loggers: list[Logger], broadcast: Callable[[Any], Any]) -> None:
+    """Every rank takes global rank 0's version of each logger folder (``broadcast``: rank 0's object to all)."""
+    for folder in run_folders(loggers):
+        folder._version = broadcast(folder.version if rank_zero_only.rank == 0 else None)  # type: ignore[attr-defined]
 
 
 def share_versions(loggers: list[Logger]) -> None:

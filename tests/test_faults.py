@@ -111,12 +111,14 @@ def test_nonfinite_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_p
     train, val = loaders()
     callback = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
     trainer = make_trainer(tmp_path, max_epochs=3, callbacks=[callback])
-    trainer.fit(LossTurnsNaN(), train, val)  # returns: on_nonfinite_loss="stop" is the default
-    err = capsys.readouterr().err
+    with pytest.raises(NonFiniteLossError) as raised:  # on_nonfinite_loss="stop" is the default
+        trainer.fit(LossTurnsNaN(), train, val)
+    err = str(raised.value)
     last_good = tmp_path / "epoch=0-step=4.ckpt"
     assert "loss was nan at global step 5 (epoch 1, batch 1)" in err and f"'{last_good}'" in err
+    assert raised.value.checkpoint_path == str(last_good) and raised.value.global_step == 5
     assert sorted(os.listdir(tmp_path)) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]  # none after the NaN
-    assert trainer.global_step == 6  # detected when the step-6 checkpoint was about to be saved
+    assert trainer.global_step == 5 and trainer.interrupted  # on the CPU: stopped before the bad loss's backward
 
 
 def test_nonfinite_loss_raise_and_skip(tmp_path: Path) -> None:
@@ -227,12 +229,12 @@ def test_the_deferred_guard_reads_nothing_until_flushed_and_names_the_exact_step
     assert bad is not None and math.isnan(bad.value) and (bad.global_step, bad.batch_idx) == (135, 271)
 
 
-def test_on_the_cpu_a_nonfinite_loss_stops_the_fit_right_after_its_step(tmp_path: Path, capsys) -> None:
+def test_on_the_cpu_a_nonfinite_loss_stops_the_fit_before_its_step(tmp_path: Path) -> None:
     train, val = loaders()
-    trainer = make_trainer(tmp_path, max_epochs=3, enable_checkpointing=False)
-    trainer.fit(LossTurnsNaN(bad_batches=(2,)), train, val)
-    assert "loss was nan at global step 2 (epoch 0, batch 2)" in capsys.readouterr().err
-    assert trainer.global_step == 3  # the bad step itself ran; nothing after it
+    trainer = make_trainer(tmp_path, max_epochs=3, enable_checkpointing=False, on_nonfinite_loss="warn")
+    with pytest.warns(UserWarning, match=r"loss was nan at global step 2 \(epoch 0, batch 2\)"):
+        trainer.fit(LossTurnsNaN(bad_batches=(2,)), train, val)  # 'warn': fit() returns
+    assert trainer.global_step == 2  # the bad step did not run; nothing after it
 
 
 def test_detect_anomaly_names_the_backward_that_made_nan(tmp_path: Path) -> None:
@@ -246,7 +248,7 @@ def test_detect_anomaly_names_the_backward_that_made_nan(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(on_nonfinite_loss="warn"), "on_nonfinite_loss='warn' is not valid"),
+    (dict(on_nonfinite_loss="warning"), "on_nonfinite_loss='warning' is not valid"),
     (dict(stop_signals=("SIGNOPE",)), "'SIGNOPE' is not a signal"),
     (dict(stop_signals=("SIGKILL",)), "cannot be caught"),
 ])  # fmt: skip

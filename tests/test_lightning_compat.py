@@ -512,13 +512,15 @@ def test_min_steps_holds_off_a_stop_request_and_max_time_stops_fit():
 
 def test_benchmark_barebones_and_autolog_hparams():
     before = torch.backends.cudnn.benchmark
-    try:
-        quiet(benchmark=True)
-        assert torch.backends.cudnn.benchmark is True
-        quiet(benchmark=False)
-        assert torch.backends.cudnn.benchmark is False
-    finally:
-        torch.backends.cudnn.benchmark = before
+    seen = []
+
+    class Probe(Callback):
+        def on_fit_start(self, trainer, module):
+            seen.append(torch.backends.cudnn.benchmark)
+
+    for benchmark in (True, False):  # held while a stage runs, then put back
+        quiet(benchmark=benchmark, max_steps=1, callbacks=[Probe()]).fit(LitAutoEncoder(), DataLoader(blobs(8), batch_size=4))
+        assert seen[-1] is benchmark and torch.backends.cudnn.benchmark is before
     with pytest.raises(ConfigurationError, match="benchmark=True .* contradicts deterministic"):
         quiet(benchmark=True, deterministic=True)
 

@@ -250,12 +250,16 @@ def test_seed_makes_runs_reproducible_and_deterministic_flag_applies():
         return module.net[0].weight.detach().clone()
 
     assert torch.equal(run(), run())
+    seen = []
+
+    class Probe(Callback):
+        def on_fit_start(self, trainer, module):
+            seen.append(torch.are_deterministic_algorithms_enabled())
+
     previous = torch.are_deterministic_algorithms_enabled()
-    try:
-        quiet_trainer(deterministic=True)
-        assert torch.are_deterministic_algorithms_enabled()
-    finally:
-        torch.use_deterministic_algorithms(previous)
+    quiet_trainer(max_epochs=1, deterministic=True, callbacks=[Probe()]).fit(
+        Regressor(), DataLoader(regression_data(16), batch_size=8))
+    assert seen == [True] and torch.are_deterministic_algorithms_enabled() == previous  # during the fit only
 
 
 def test_hyperparameters_saved_and_module_rebuilt_from_checkpoint(tmp_path):

@@ -12,6 +12,7 @@ _install_source_layout()  # before anything imports trainer.strategies and frien
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_info, rank_zero_only, rank_zero_warn
 from trainer.data.combined_loader import CombinedLoader
+from trainer.faults.nonfinite import NonFiniteLossError
 from trainer.module.datamodule import DataModule
 from trainer.module.train_module import TrainModule
 from trainer.reproducibility.seed import seed_everything
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigurationError",
     "DataModule",
     "Engine",
+    "NonFiniteLossError",
     "TrainModule",
     "Trainer",
     "TrainerCLI",

@@ -13,6 +13,7 @@ import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.loggers.logger import Logger
+from trainer.loggers.run_folder import agree_versions
 from trainer.strategies.connector import build_strategy
 from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
 from trainer.strategies.speed.compile import check_compile
@@ -22,19 +23,21 @@ from trainer.strategies.strategy import Strategy
 from trainer.data import loaders as data_utils
 from trainer.checkpoint import auto_resume
 from trainer.faults import slurm_requeue
-from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, checkpoints_last, set_benchmark,
-                               set_deterministic, validate_arguments, with_max_time)
+from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
+                                      checkpoints_last, validate_arguments, with_max_time)
 from trainer.checkpoint.connector import CheckpointConnector
 from trainer.module.datamodule import DataModule
 from trainer.data.distributed import balance_training_batches
 from trainer.faults.monitor import FaultMonitor
 from trainer.hooks import HookDispatcher
+from trainer.module import precision_dtype
 from trainer.module.overrides import overrides
 from trainer.profiler.instrumentation import Instrumentation
 from trainer.config.launch_defaults import with_launch_defaults
 from trainer.metrics.logged_metrics import ResultCollection
 from trainer.metrics.connector import MetricsConnector, print_eval_results
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
+from trainer.loops import fit_outcome
 from trainer.loops.fit_loop import FitLoop
 from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
@@ -42,6 +45,7 @@ from trainer.module.train_module import TrainModule, configure_model_once
 from trainer.loops.optimizers import SchedulerConfig, parse_optimizers
 from trainer.config.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
 from trainer.profiler.profilers import Profiler, build_profiler
+from trainer.reproducibility import torch_flags
 from trainer.reproducibility.seed import isolated_rng, seed_everything
 from trainer.spawned import run_spawned
 
@@ -54,8 +58,10 @@ class Trainer:
     Under ``trainer run``/``trainer slurm`` the launcher's settings fill the arguments the script leaves out.
 
     Faults during fit (:mod:`trainer.faults.monitor`): ``stop_signals`` finish the current optimizer step, save
-    ``interrupted.ckpt`` and exit (SIGINT: raise ``KeyboardInterrupt``); ``on_nonfinite_loss`` is "stop" (the
-    default; "ignore" under 16-mixed, whose scaler skips such steps), "skip", "raise" or "ignore". Under SLURM,
+    ``interrupted.ckpt`` and exit (SIGINT: raise ``KeyboardInterrupt``), :attr:`interrupted` says so;
+    ``on_nonfinite_loss`` is "stop" (the default: the last good weights put back, then ``fit()`` raises
+    :class:`~trainer.faults.nonfinite.NonFiniteLossError`; "ignore" under 16-mixed, whose scaler skips such steps),
+    "warn" (the same stop, ``fit()`` returns), "skip", "raise" or "ignore". Under SLURM,
     SIGUSR1 also saves, requeues the job and exits; the requeued job resumes (:mod:`trainer.faults.slurm_requeue`).
     """
 
@@ -144,12 +150,15 @@ class Trainer:
         check_sync_batchnorm(self.sync_batchnorm, self.strategy)
         self.precision: str = self.strategy.precision.name
         self.num_nodes = num_nodes
-        set_deterministic(deterministic)
-        set_benchmark(benchmark, deterministic)
+        check_benchmark(benchmark, deterministic)
+        self.benchmark = benchmark  # with deterministic: torch flags held while a stage runs, then put back
 
         self.module: Optional[TrainModule] = None
         self.datamodule: Optional[DataModule] = None
         self.should_stop = False
+        #: True when the last fit/validate/test/predict ended early: an exception, a stop signal or Ctrl-C (after
+        #: ``interrupted.ckpt`` was saved), or a non-finite loss (also under ``on_nonfinite_loss="warn"``).
+        self.interrupted = False
         self.sanity_checking = False
         self.state_stage: Optional[str] = None
         self.fit_loop = FitLoop(self)
@@ -280,6 +289,10 @@ class Trainer:
             ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
             if ckpt_path is not None:
                 self._checkpoint.restore_training(ckpt_path)
+            else:
+                fit_outcome.warn_if_already_done(self)  # a second fit() on a finished Trainer
+            progress = self.fit_loop.progress
+            trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
             model.train()
             self._call_hook("on_fit_start")
             if self.enable_autolog_hparams:
@@ -290,6 +303,8 @@ class Trainer:
                 self._results = self._metrics.train
                 with torch.autograd.set_detect_anomaly(True) if self.detect_anomaly else contextlib.nullcontext():
                     self.fit_loop.run(epoch_loop)
+            if trained_from is not None and not self.interrupted:  # on_nonfinite_loss="warn" has said why already
+                fit_outcome.warn_if_no_step(self, *trained_from)
             self._call_hook("on_fit_end")
             self._metrics.finalize(self._faults.status)
 
@@ -335,7 +350,10 @@ class Trainer:
     def _stage(self, stage: str, model: TrainModule, datamodule: Optional[DataModule]):
         """Set-up common to every stage; on_exception and teardown however the stage ends."""
         self.state_stage = stage
+        self.interrupted = False
         self.strategy.setup_environment()
+        if self.strategy.world_size > 1 and self.loggers:
+            agree_versions(self.loggers, self.strategy.broadcast)  # rank 0 claimed the version folder
         model.trainer = self
         self.module = model
         if datamodule is not None:
@@ -344,6 +362,7 @@ class Trainer:
         self._hooks = HookDispatcher(self._callbacks_with(model), model)
         profiling = Instrumentation.attach(self, stage) if self.profiler is not None else None
         finished = False
+        saved_flags = torch_flags.apply(self.deterministic, self.benchmark)
         try:
             data_utils.prepare_data(self.strategy, model, datamodule)
             if datamodule is not None:
@@ -354,11 +373,13 @@ class Trainer:
             self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
             finished = True
         except BaseException as exc:
+            self.interrupted = True
             for hook in self._hooks.callback_hooks["on_exception"]:
                 hook(self, model, exc)
             self._metrics.finalize("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
         finally:
+            torch_flags.restore(saved_flags)  # deterministic/benchmark: a later Trainer starts from the script's
             self._call_hook("teardown", stage)
             if datamodule is not None:
                 datamodule.teardown(stage)
@@ -426,7 +447,9 @@ class Trainer:
         """Activation checkpointing, the strategy's placing and wrapping, then ``compile`` where the wrapper needs it."""
         if self.activation_checkpointing:
             apply_activation_checkpointing(model, self.activation_checkpointing)
+        before = precision_dtype.undo_earlier_conversion(model, self.strategy.precision)  # e.g. 64-true, then 32-true
         self.strategy.setup_module(model)
+        precision_dtype.remember_conversion(model, before, self.strategy.precision)
         if self.compile is not None:
             module = self.strategy.module if self.strategy.module is not None else model
             self.strategy.compile_module(module, self.compile)

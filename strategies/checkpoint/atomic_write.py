@@ -58,11 +58,27 @@ def temporary_name(target: Path) -> Path:
 
 
 def remove_stale_temporaries(target: Path) -> None:
-    """Delete temporaries (files or folders) of ``target`` left by a writer that was killed mid-save."""
-    # One writer per path, so any temporary of this target is stale.
+    """Delete temporaries (files or folders) of ``target`` left by this process or by a writer that was killed
+    mid-save. Another live process's temporary is its in-flight save (e.g. a second run writing into the same
+    folder): it is left alone."""
     for stale in target.parent.glob(f".{glob.escape(target.name)}.*-*"):
-        if stale.name.startswith((f".{target.name}.tmp-", f".{target.name}.old-")):
+        kind, _, pid = stale.name[len(target.name) + 2:].partition("-")
+        if kind in ("tmp", "old") and pid.isdigit() and not writer_alive(int(pid)):
             _remove_path(stale)
+
+
+def writer_alive(pid: int) -> bool:
+    """Whether the process ``pid`` that named a temporary still runs elsewhere (this process's own are stale:
+    it writes one checkpoint of a name at a time)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by another user
+        return True
+    return True
 
 
 @contextlib.contextmanager

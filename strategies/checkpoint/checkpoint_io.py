@@ -33,6 +33,7 @@ from trainer.strategies.checkpoint.atomic_write import (  # noqa: F401  (re-expo
     remove_stale_temporaries,
     replace_folder,
     temporary_name,
+    writer_alive,
 )
 from trainer.strategies.errors import CheckpointError  # noqa: F401  (re-exported)
 

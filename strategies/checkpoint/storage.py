@@ -202,10 +202,12 @@ def temporary_remote_name(url: str) -> str:
 
 
 def remove_stale_remote_temporaries(url: str) -> None:
-    """Delete what a writer of ``url`` killed mid-save left under a temporary name."""
-    prefix = f".{name(url)}.tmp-"
+    """Delete what an earlier write of ``url`` by this process left under its temporary name. Others' are left
+    alone: a store shared by several machines has no process ids to check, and one may be another run's
+    in-flight save."""
+    own = name(temporary_remote_name(url))
     for entry in listdir(parent(url)):
-        if name(entry).startswith(prefix):
+        if name(entry) == own:
             remove(entry)
 
 

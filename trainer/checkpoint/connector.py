@@ -286,6 +286,12 @@ class CheckpointConnector:
         self.trainer.ckpt_path = str(path)
         return checkpoint
 
+    def reload_weights(self, path: str) -> None:
+        """Put back the module weights of ``path``, a checkpoint this fit saved (every rank calls it)."""
+        loaded = self.load(path)
+        if loaded is not None:
+            self._load_module_state(loaded[1], loaded[0])
+
     def restore_training(self, ckpt_path: Union[str, os.PathLike]) -> None:
         """Restore everything a fit needs to continue exactly: weights, optimizers, schedulers, scaler,
         progress, callbacks, datamodule and RNG."""

@@ -3,8 +3,9 @@
     trainer estimate-memory model.py:GPT --world-size 8 --precision bf16-mixed --device-memory 80GB --wrap Block
     trainer estimate-memory model.py:GPT --world-size 8 --tp 1,2,8 --pp 1,4 --tp-plan megatron --wrap Block
 
-The class is built with no arguments on the ``meta`` device (no memory, no weights), so a model far larger
-than this machine is planned in seconds; its ``example_input_array``, if set, gives the activations (one
+The class is built on the ``meta`` device (no memory, no weights), so a model far larger than this machine is
+planned in seconds: with no arguments, or with ``--init-args '{"n_layer": 48}'`` (JSON keyword arguments); or
+name a function instead (``file.py:make_model``) that returns the module, built with what it needs; its ``example_input_array``, if set, gives the activations (one
 micro-batch of one data-parallel rank). The figures come from :mod:`trainer.memory.planner`.
 
 Without layout flags it compares the strategies (``model_parallel`` means WORLD_SIZE devices in one
@@ -38,7 +39,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``trainer estimate-memory``."""
     parser = command_parser(subparsers, "estimate-memory", "per-device memory of a module under each strategy or layout",
                             __doc__)  # fmt: skip
-    parser.add_argument("module", help="path/to/file.py:ClassName or package.module:ClassName")
+    parser.add_argument("module", help="path/to/file.py:ClassName or package.module:ClassName, or a function "
+                                       "returning the module (file.py:make_model)")
+    parser.add_argument("--init-args", default=None, metavar="JSON",
+                        help="keyword arguments of the class, as a JSON object, e.g. '{\"n_layer\": 48}'")
     parser.add_argument("--world-size", type=positive_int, default=1, metavar="N")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--optimizer", default="adam", help="adam, adamw, sgd, sgd_momentum, rmsprop, adagrad")
@@ -70,9 +74,7 @@ def _sizes(text: str) -> list[int]:
 
 def main(args: argparse.Namespace) -> int:
     """Print the table (and the recommendation when ``--device-memory`` is given)."""
-    cls = load_object(args.module, "class")
-    with torch.device("meta"):
-        module = cls()
+    module = build_module(args.module, args.init_args)
     wrap = {name.strip() for name in args.wrap.split(",") if name.strip()}
     classes = {type(m).__name__: type(m) for m in module.modules()}
     unknown = wrap - set(classes)
@@ -120,9 +122,47 @@ def _tp_plan(spec: Any, module: nn.Module, policy: Any) -> Any:
 
 
 
+def build_module(spec: str, init_args: Any = None) -> nn.Module:
+    """The module ``spec`` names, built on the meta device: a class called with ``init_args`` (a JSON object), or a
+    function returning the module. A class whose required arguments are missing is an error that says how."""
+    import json
+
+    kwargs = {}
+    if init_args is not None:
+        try:
+            kwargs = json.loads(init_args)
+        except ValueError as err:
+            raise ConfigurationError(f"--init-args {init_args!r} is not JSON ({err}). Pass an object, e.g. "
+                                     "--init-args '{\"n_layer\": 48, \"vocab_size\": 50304}'.") from None  # fmt: skip
+        if not isinstance(kwargs, dict):
+            raise ConfigurationError(f"--init-args {init_args!r} must be a JSON object of keyword arguments.")
+    target = load_object(spec, "module")
+    name = spec.partition(":")[2]
+    try:
+        inspect.signature(target).bind(**kwargs)
+    except TypeError as err:
+        missing = [p.name for p in inspect.signature(target).parameters.values()
+                   if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                   and p.name not in kwargs]  # fmt: skip
+        what = f"needs the argument(s) {', '.join(missing)}" if missing else f"cannot take these arguments ({err})"
+        example = ", ".join(f'"{m}": ...' for m in missing) or '"name": value'
+        raise ConfigurationError(
+            f"'{spec}': {name} {what}. Pass them as --init-args '{{{example}}}' (JSON), or name a function that "
+            f"builds the model instead, e.g. {spec.partition(':')[0]}:make_model with def make_model(): return "
+            f"{name}(...)."
+        ) from None
+    except ValueError:  # no signature (a builtin): let the call say
+        pass
+    with torch.device("meta"):
+        module = target(**kwargs)
+    if not isinstance(module, nn.Module):
+        raise ConfigurationError(f"'{spec}' returned {type(module).__name__}, not an nn.Module.")
+    return module
+
+
 def load_object(spec: str, kind: str) -> Any:
-    """``path/to/module.py:NAME`` or ``package.module:NAME`` → an ``nn.Module`` class (``kind="class"``) or a
-    function (``kind="function"``)."""
+    """``path/to/module.py:NAME`` or ``package.module:NAME`` → an ``nn.Module`` class (``kind="class"``), a
+    function (``kind="function"``), or either (``kind="module"``)."""
     target, _, name = spec.partition(":")
     if not name:
         raise ConfigurationError(f"'{spec}' must be 'path/to/file.py:Name' or 'package.module:Name'.")
@@ -140,6 +180,10 @@ def load_object(spec: str, kind: str) -> Any:
     found: Any = getattr(loaded, name, None)
     if kind == "class" and not (isinstance(found, type) and issubclass(found, nn.Module)):
         raise ConfigurationError(f"'{spec}': {name!r} is not an nn.Module class in {target}.")
+    if kind == "module" and not (isinstance(found, type) and issubclass(found, nn.Module)
+                                 or callable(found) and not isinstance(found, type)):  # fmt: skip
+        raise ConfigurationError(f"'{spec}': {name!r} is not an nn.Module class in {target}, nor a function "
+                                 "returning one.")  # fmt: skip
     if kind == "function" and not (callable(found) and not isinstance(found, type)):
         raise ConfigurationError(f"'{spec}': {name!r} is not a function in {target}.")
     return found

@@ -111,8 +111,9 @@ def barebones_defaults(logger: Any, detect_anomaly: bool) -> tuple[bool, bool, b
     return False, False, False, False
 
 
-def set_benchmark(benchmark: Optional[bool], deterministic: Any) -> None:
-    """``benchmark=True/False`` sets ``torch.backends.cudnn.benchmark``; None leaves it (False when deterministic)."""
+def check_benchmark(benchmark: Optional[bool], deterministic: Any) -> None:
+    """``benchmark`` is None, True or False, and not True together with ``deterministic`` (the flags themselves are
+    set for each stage only: :mod:`trainer.reproducibility.torch_flags`)."""
     if benchmark is not None and not isinstance(benchmark, bool):
         raise ConfigurationError(f"benchmark={benchmark!r} must be None, True or False.")
     if benchmark and deterministic:
@@ -120,8 +121,6 @@ def set_benchmark(benchmark: Optional[bool], deterministic: Any) -> None:
             f"benchmark=True lets cuDNN pick algorithms by timing, which contradicts deterministic={deterministic!r}. "
             "Drop one of the two."
         )
-    if benchmark is not None:
-        torch.backends.cudnn.benchmark = benchmark
 
 
 def with_max_time(callbacks: list[Callback], max_time: Any, save_checkpoint: bool) -> list[Callback]:
@@ -141,16 +140,6 @@ def check_accumulate_grad_batches(value: Any) -> int:
     _require(_is_int(value) and value >= 1,
              f"accumulate_grad_batches={value!r} must be an int >= 1 (1 means no accumulation).")
     return value
-
-
-def set_deterministic(deterministic: Any) -> None:
-    """``deterministic=True`` (or "warn") turns on PyTorch's deterministic algorithms and cuDNN determinism."""
-    if not deterministic:
-        return
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=deterministic == "warn")
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
 
 
 def build_loggers(logger: Any, root_dir: str, fast_dev_run: int) -> list[Logger]:

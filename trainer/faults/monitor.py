@@ -22,7 +22,7 @@ import torch
 
 from trainer.strategies.errors import ConfigurationError, HangError
 from trainer.strategies.launch.hang_report import collective_timed_out
-from trainer.strategies.rank import rank_zero_print
+from trainer.strategies.rank import rank_zero_warn
 from trainer.faults.nonfinite import NONFINITE_MODES, BadLoss, NonFiniteGuard, NonFiniteLossError
 from trainer.faults.signals import DEFAULT_STOP_SIGNALS, SignalConnector, parse_signals
 
@@ -44,9 +44,11 @@ class FaultMonitor:
         self.signals.on_receive = self._on_signal
         if on_nonfinite_loss is not None and on_nonfinite_loss not in NONFINITE_MODES:
             raise ConfigurationError(
-                f"on_nonfinite_loss={on_nonfinite_loss!r} is not valid. Use 'stop' (end the fit, naming the step "
-                "and the last good checkpoint), 'skip' (drop such batches), 'raise' or 'ignore'; None picks 'stop', "
-                "or 'ignore' under 16-mixed where the gradient scaler already skips those steps."
+                f"on_nonfinite_loss={on_nonfinite_loss!r} is not valid. Use 'stop' (end the fit with the last good "
+                "weights and raise NonFiniteLossError naming the step and the last good checkpoint), 'warn' (the "
+                "same stop, but fit() returns after a warning), 'skip' (drop such batches), 'raise' (raise at once, "
+                "weights as they are) or 'ignore'; None picks 'stop', or 'ignore' under 16-mixed where the gradient "
+                "scaler already skips those steps."
             )
         if on_nonfinite_loss is None:
             on_nonfinite_loss = "ignore" if getattr(trainer.strategy.precision, "scaler", None) is not None else "stop"
@@ -60,6 +62,7 @@ class FaultMonitor:
         self._last_time = 0.0
         self._last_step = 0
         self._started = False  # the first check of this fit (after its first optimizer step) has run
+        self._exact = False  # a non-finite loss stopped the fit before its backward (weights of the last good step)
 
     # ------------------------------------------------------------------ fit scope
     @contextlib.contextmanager
@@ -73,20 +76,26 @@ class FaultMonitor:
             self.guard.reset()
             self.guard.zero_loss = _zero_loss(trainer.module) if distributed else None
             self.guard.read_as_it_comes(trainer.strategy.root_device.type == "cpu")
-            self.guard.on_found = None if distributed else self._check_after_this_step  # ranks check at agreed steps
+            # One process stops before the bad loss's backward (its weights stay good); ranks stop at agreed steps.
+            self.guard.on_found = None if distributed else self._stop_now
         self._last_time = time.monotonic()
         self._last_step = trainer.fit_loop.progress.global_step
         self._periodic = self.guard is not None or (distributed and bool(self.signals.actions))
         self._started = False
+        self._exact = False
         self.due_step = self._last_step + 1 if self._periodic or distributed else _NEVER
         self.signals.install()
         try:
             yield
         except NonFiniteLossError as err:
             self.status = "failed"
-            if self.mode != "stop":
+            trainer.interrupted = True
+            if self.mode == "raise":
                 raise
-            rank_zero_print(f"Training stopped. {err}", file=sys.stderr)
+            stopped = self._stop_with_good_weights(err)
+            if self.mode == "stop":
+                raise stopped from None
+            rank_zero_warn(f"Training stopped. {stopped} fit() returns (on_nonfinite_loss='warn').")
         except RuntimeError as err:
             if distributed and not isinstance(err, HangError) and collective_timed_out(err):
                 self.status = "failed"
@@ -99,6 +108,38 @@ class FaultMonitor:
 
     def _check_after_this_step(self) -> None:
         self.due_step = 0
+
+    def _stop_now(self) -> None:
+        """A loss read as it comes was non-finite (one process): raise before its backward changes the weights."""
+        if self.mode == "raise":  # 'raise' keeps its meaning: the weights as they are, after the bad step
+            self._check_after_this_step()
+            return
+        bad = self.guard.found
+        self._exact = True
+        raise NonFiniteLossError(self._message(bad), bad.global_step, self.trainer._checkpoint.last_saved_path)
+
+    def _stop_with_good_weights(self, err: NonFiniteLossError) -> NonFiniteLossError:
+        """The error ``fit()`` raises (or warns with): where the loss went bad, and which weights are in memory.
+
+        Stopped before the bad loss's backward (one process reading losses as they come), the weights are those of
+        the last good step, at no cost. Found later (at a check point: an accelerator, several ranks), the bad steps
+        may have changed the weights, so those of the last checkpoint saved before the bad step are loaded (every
+        rank, at the same agreed check point); without one, the message says the weights may be non-finite. Keeping
+        a copy of the weights at every check point would cost a model's memory: this is the documented choice."""
+        trainer = self.trainer
+        last = trainer._checkpoint.last_saved_path
+        step = getattr(err, "global_step", None)
+        trainer.module.zero_grad(set_to_none=True)  # a partial window's (or non-finite) gradients: not for later
+        if self._exact:
+            weights = (f"The weights in memory are those of global step {step}, the last good one (the bad loss's "
+                       "backward did not run).")  # fmt: skip
+        elif last:
+            trainer._checkpoint.reload_weights(last)
+            weights = "The weights in memory were reloaded from that checkpoint, the last saved before the bad step."
+        else:
+            weights = (f"The weights in memory are those at global step {trainer.global_step} and may hold NaN/inf "
+                       "values: save checkpoints (ModelCheckpoint(every_n_train_steps=...)) to have good ones put back.")
+        return NonFiniteLossError(f"{err} {weights}", step, last)
 
     def _on_signal(self, signum: int) -> None:
         if self.trainer.world_size == 1:  # several ranks wait for the agreed step
@@ -120,7 +161,7 @@ class FaultMonitor:
             signum, interval, bad = self._agree(signum, interval, bad)
         self.due_step = step + interval if self._periodic else _NEVER
         if bad is not None:
-            raise NonFiniteLossError(self._message(bad))
+            raise NonFiniteLossError(self._message(bad), bad.global_step, trainer._checkpoint.last_saved_path)
         if signum:
             self.signals.act(trainer, signum)
 
@@ -132,7 +173,7 @@ class FaultMonitor:
         if self.trainer.world_size > 1:
             _, _, bad = self._agree(0, 1, bad)
         if bad is not None:
-            raise NonFiniteLossError(self._message(bad))
+            raise NonFiniteLossError(self._message(bad), bad.global_step, self.trainer._checkpoint.last_saved_path)
 
     def _interval(self, step: int) -> int:
         now = time.monotonic()
@@ -178,7 +219,8 @@ class FaultMonitor:
                      "perhaps with a lower learning rate or gradient clipping.")  # fmt: skip
         else:
             text += " No checkpoint was saved before it in this fit."
-        return text + " Trainer(on_nonfinite_loss='skip') drops such batches instead; 'raise' raises this error."
+        return text + (" Trainer(on_nonfinite_loss='skip') drops such batches instead; 'warn' stops the same way but "
+                       "fit() returns after a warning.")
 
 
 def _zero_loss(module: Any) -> Any:

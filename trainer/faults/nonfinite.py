@@ -3,7 +3,8 @@
 On an accelerator each micro-batch's loss is kept as a detached reference (every 256 of them are stacked into one
 device tensor: one small kernel, no sync); the host reads the buffer only at the fault monitor's check points and
 before every checkpoint save, which is where it learns the exact step. On the CPU there is no device to wait for:
-each loss is read as it comes (cheaper than holding it), and a single process stops right after that step.
+each loss is read as it comes (cheaper than holding it), and a single process stops before that loss's backward,
+so the weights in memory stay those of the last good step.
 ``on_nonfinite_loss="skip"`` must decide before the backward, so it reads every loss on the host: one sync per
 micro-batch, like a gradient scaler.
 """
@@ -21,11 +22,20 @@ from trainer.strategies.rank import rank_zero_warn
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.loops.progress import Progress
 
-NONFINITE_MODES = ("stop", "skip", "raise", "ignore")
+NONFINITE_MODES = ("stop", "warn", "skip", "raise", "ignore")
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite (raised by ``Trainer(on_nonfinite_loss="raise")``)."""
+    """The training loss became NaN or infinite: ``fit()`` raises it under ``on_nonfinite_loss="stop"`` (the
+    default, after putting back the weights of the last good step or checkpoint) and ``"raise"`` (at once).
+
+    ``global_step``: the optimizer steps completed before the bad loss; ``checkpoint_path``: the last checkpoint
+    saved before it in this fit (``None`` if there is none)."""
+
+    def __init__(self, message: str, global_step: Optional[int] = None, checkpoint_path: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.global_step = global_step
+        self.checkpoint_path = checkpoint_path
 
 
 @dataclass
@@ -62,7 +72,8 @@ class NonFiniteGuard:
         self.found: Optional[BadLoss] = None
         #: What the loop calls with each loss: records it, or (mode "skip") reads it and decides.
         self.check = self._skip_if_bad if mode == "skip" else self._record
-        #: Called when a loss read as it comes is non-finite (the monitor then checks after this step).
+        #: Called when a loss read as it comes is non-finite: the monitor checks after this step, or (one process)
+        #: raises at once, before the loss's backward.
         self.on_found: Optional[Callable[[], None]] = None
 
     def read_as_it_comes(self, on_host: bool) -> None:

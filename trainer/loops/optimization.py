@@ -12,6 +12,7 @@ from trainer.strategies.strategy import Strategy
 from trainer.module.overrides import overrides
 from trainer.module.train_module import TrainModule
 from trainer.loops.optimizers import step_schedulers
+from trainer.loops.skip_agreement import agree_on_skip, can_return_none
 from trainer.loops.step_signature import takes_batch_idx
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,6 +101,8 @@ class AutomaticOptimization:
         self.clip_algorithm = trainer.gradient_clip_algorithm
         self.custom_clipping = overrides(module, TrainModule, "configure_gradient_clipping")
         self.pass_batch_idx = takes_batch_idx(module.training_step)  # training_step(batch) is allowed, as in Lightning
+        # Several ranks, and a training_step that can return None: the ranks agree on a skip (skip_agreement).
+        self.agree_skips = trainer.world_size > 1 and can_return_none(type(module).training_step)
         self.window_has_loss = False
         self.guard = trainer._faults.guard
         self.loss_check: Optional[Callable[[Tensor], Optional[Tensor]]] = None  # set by runner()
@@ -126,7 +129,7 @@ class AutomaticOptimization:
         self.accumulate = accumulate
         # The guard's check records or reads the loss (decided when the fit starts); None skips the micro-batch.
         self.loss_check = self.guard.check if self.guard is not None else None
-        if not (self.plain and accumulate == 1):
+        if not (self.plain and accumulate == 1) or self.agree_skips:
             return self.run
         training_step = self.strategy.module.training_step  # the module itself: plain strategies do not wrap it
         self._training_step = training_step if self.pass_batch_idx else (lambda batch, _: training_step(batch))
@@ -152,6 +155,8 @@ class AutomaticOptimization:
         strategy = self.strategy
         output = strategy.training_step(batch, batch_idx) if self.pass_batch_idx else strategy.training_step(batch)
         loss = extract_loss(output)
+        if self.agree_skips and agree_on_skip(strategy, loss is None, self.progress):
+            return output  # every rank skips this micro-batch
         if self.report_outputs and loss is not None:
             output = _outputs_with_loss(output, loss)
         if loss is not None and self.loss_check is not None:

@@ -387,7 +387,7 @@ class TrainModule(nn.Module):
         if results is None:
             if not self.__dict__.get("_log_warned"):
                 self.__dict__["_log_warned"] = True  # once per module, not per call
-                _warn_not_attached(name)
+                _warn_not_attached(name, self._trainer)
             return
         results.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, add_dataloader_idx)
 
@@ -567,8 +567,12 @@ def configure_model_once(module: TrainModule, strategy: Any) -> None:
         module.__dict__["_model_configured"] = True
 
 
-def _warn_not_attached(name: str) -> None:
-    warnings.warn(
-        f"self.log({name!r}, ...) was called on a module that is not run by a Trainer; the value is ignored.",
-        stacklevel=4,
-    )
+def _warn_not_attached(name: str, trainer: Any) -> None:
+    if trainer is None:
+        why = "on a module that is not run by a Trainer"
+    elif trainer.state_stage is not None:  # set-up: setup, configure_model, configure_optimizers (Lightning raises)
+        why = (f"while {trainer.state_stage}() sets up (setup, configure_model, configure_optimizers, ...), where "
+               "nothing records metrics yet; log it from on_train_start or a *_step method instead")
+    else:
+        why = "outside fit/validate/test (nothing records metrics then)"
+    warnings.warn(f"self.log({name!r}, ...) was called {why}; the value is ignored.", stacklevel=4)

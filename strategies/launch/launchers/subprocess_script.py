@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -99,12 +100,36 @@ class _ChildWatcher(threading.Thread):
     def _stop_job(self, rank: int, code: int) -> None:
         self.failure = (rank, code)
         self.failed.set()
-        _say(f"rank {rank} exited with code {code}; stopping the other ranks.")
+        _say(f"rank {rank} {how_it_ended(code)}; stopping the other ranks.")
         terminate(self.children)
         time.sleep(HARD_EXIT_AFTER_S)
         _say(f"rank {self.own_rank} did not stop within {HARD_EXIT_AFTER_S:.0f} s after rank {rank} failed; exiting.")
         sys.stdout.flush()
         os._exit(1)
+
+
+def how_it_ended(code: int, detail: bool = False) -> str:
+    """``exited with code 1 (its traceback is printed above)``, or, for a negative ``Popen`` return code, the signal
+    that killed the process: then there is no Python traceback, and ``detail`` says what usually sends it."""
+    if code >= 0:
+        return f"exited with code {code}" + (" (its traceback is printed above)" if detail else "")
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    text = f"was killed by {name} (signal {-code})"
+    if not detail:
+        return text
+    causes = {
+        "SIGKILL": "no traceback: a process killed this way cannot print one. The kernel's out-of-memory killer "
+                   "sends it (see `dmesg`), as do `kill -9` and schedulers enforcing a memory or time limit",
+        "SIGABRT": "no Python traceback: native code aborted; its message, if any, is printed above (e.g. "
+                   "gloo's 'collective mismatch')",
+        "SIGSEGV": "no Python traceback: a crash in native code (an extension, a driver); run it with "
+                   "PYTHONFAULTHANDLER=1 to print the Python stack of such a crash",
+        "SIGTERM": "no traceback: something outside the job stopped it (a scheduler, `kill`)",
+    }
+    return f"{text}: {causes.get(name, 'no Python traceback')}"
 
 
 def terminate(children: list[tuple[int, subprocess.Popen]]) -> None:
@@ -177,10 +202,8 @@ class SubprocessScriptLauncher:
 
     def _peer_error(self, failure: tuple[int, int]) -> RankFailedError:
         rank, code = failure
-        return RankFailedError(
-            f"rank {rank} exited with code {code} (its traceback is printed above), so rank "
-            f"{self.environment.global_rank()} stopped too."
-        )
+        return RankFailedError(f"rank {rank} {how_it_ended(code, detail=True)}, so rank "
+                               f"{self.environment.global_rank()} stopped too.")  # fmt: skip
 
     def _wait_for_children(self) -> None:
         """At exit: let the other ranks finish the script, and make the exit code say if one failed."""
@@ -203,7 +226,7 @@ class SubprocessScriptLauncher:
         stopped_here = watcher is not None and watcher.failure is None and self._stopped_after_own_failure
         if failed and not stopped_here:
             if watcher is None or watcher.failure is None:
-                _say(f"rank {failed[0][0]} exited with code {failed[0][1]}.")
+                _say(f"rank {failed[0][0]} {how_it_ended(failed[0][1])}.")
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)

@@ -322,7 +322,8 @@ class TrainModule(nn.Module):
         self.eval()
 
     def on_validation_model_train(self) -> None:
-        """Put the module back in training mode after a validation inside fit."""
+        """Called after validation only when overridden; otherwise each submodule gets back the train/eval mode it
+        had before validation (as in Lightning)."""
         self.train()
 
     def on_test_model_eval(self) -> None:
@@ -330,7 +331,7 @@ class TrainModule(nn.Module):
         self.eval()
 
     def on_test_model_train(self) -> None:
-        """Put the module back in training mode after test (when it was training before)."""
+        """Called after test only when overridden; otherwise each submodule gets back the mode it had before."""
         self.train()
 
     def on_predict_model_eval(self) -> None:
@@ -340,12 +341,14 @@ class TrainModule(nn.Module):
     # ------------------------------------------------------------------ optimisation hooks (automatic optimisation)
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Optional[Callable] = None) -> None:
         """Step ``optimizer`` at the end of an accumulation window; override to act around it (e.g. a learning-rate
-        warm-up) and call ``optimizer.step(closure=optimizer_closure)``. ``optimizer.step`` runs the precision
-        plugin, ``on_before_optimizer_step`` and clipping; not calling it skips the step."""
+        warm-up) and call ``optimizer.step(closure=optimizer_closure)``. As in Lightning the closure runs this
+        micro-batch's ``training_step`` and backward; ``optimizer.step`` then runs the precision plugin,
+        ``on_before_optimizer_step`` and clipping. ``optimizer_closure()`` alone skips the step."""
         optimizer.step(closure=optimizer_closure)
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Optimizer) -> None:
-        """Clear the gradients after a step (override e.g. to keep them as zeros: ``set_to_none=False``)."""
+        """Clear the gradients; called after the first ``training_step`` of an accumulation window, before its
+        backward, as in Lightning (override e.g. to keep them as zeros: ``set_to_none=False``)."""
         optimizer.zero_grad(set_to_none=True)
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:

@@ -263,3 +263,26 @@ def test_module_without_optimizer_step_override_keeps_the_direct_step():
     trainer.fit(Regressor(), loader(n=16))
     optimization = trainer._optimization
     assert optimization.plain and optimization.runner(1) == optimization._run_plain
+
+
+def test_gradients_kept_after_the_step_are_released_before_validation():
+    """Lightning's on_validation_model_zero_grad: a module whose gradients outlive the step (it implements a
+    zero-grad hook) validates without them; the hook can be overridden to keep them."""
+    seen = []
+
+    class KeepsGradients(Regressor):
+        def on_before_zero_grad(self, optimizer):
+            pass
+
+        def validation_step(self, batch, batch_idx):
+            if not self.trainer.sanity_checking:
+                seen.append(all(p.grad is None for p in self.parameters()))
+
+    class KeepsThemInValidation(KeepsGradients):
+        def on_validation_model_zero_grad(self):
+            pass
+
+    for cls, released in ((KeepsGradients, True), (KeepsThemInValidation, False)):
+        seen.clear()
+        quiet_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1).fit(cls(), loader(n=32), loader(n=8))
+        assert seen == [released], cls.__name__

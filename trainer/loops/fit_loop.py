@@ -37,7 +37,8 @@
             step metrics to loggers every log_every_n_steps optimizer steps
             [after a step, at agreed steps: stop signals → save interrupted.ckpt, exit; non-finite loss → stop]
             if val_check_interval is reached, or should_stop is set (and min_epochs/min_steps are met) in an epoch
-            that validates: validation loop (below); then stop if should_stop
+            that validates: [at a window's end: on_validation_model_zero_grad, where gradients outlived the step
+            (zero-grad hooks, manual optimisation) or it is overridden] validation loop (below); stop if should_stop
         on_train_epoch_end                          # other callbacks → module → monitoring callbacks
                                                     # (ModelCheckpoint, EarlyStopping, Timer), after
                                                     # ReduceLROnPlateau epoch schedulers step (epoch reached its end);
@@ -119,6 +120,7 @@ class FitLoop:
                 break  # max_steps stopped the epoch mid-way: the epoch did not end
             if (math.isinf(num_batches) and trainer._val_enabled and not progress.val_pending
                     and not epoch_loop.validated_on_stop):  # fmt: skip
+                epoch_loop.release_gradients()
                 trainer._run_validation_in_fit()  # epoch end of an unsized loader
             plateau = [c for c in trainer.lr_scheduler_configs if c.interval == "epoch" and c.reduce_on_plateau]
             self._end_epoch(plateau if reached_end and epoch_loop.optimization.steps_schedulers else [])

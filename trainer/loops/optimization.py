@@ -120,6 +120,8 @@ class AutomaticOptimization:
         self.custom_step = overrides(module, TrainModule, "optimizer_step")
         self.custom_zero_grad = overrides(module, TrainModule, "optimizer_zero_grad")
         self.zero_before_backward = self.custom_step or self.custom_zero_grad or self.before_zero_grad is not None
+        #: Gradients outlive the step (Lightning's order): fit releases them before validating.
+        self.keeps_gradients = self.zero_before_backward
         self.last_loss: Optional[Tensor] = None
         # Nothing between training_step and the torch calls would act: no hook of the step, clipping, custom step,
         # scheduler stepped per step, or strategy/precision layer (see Strategy.plain_steps).
@@ -326,6 +328,8 @@ class ManualOptimization:
         self.pass_batch_idx = takes_batch_idx(trainer.module.training_step)
         #: As in Lightning, the user steps every scheduler in manual optimisation: the loops step none.
         self.steps_schedulers = False
+        #: The user clears the gradients: fit releases them before validating.
+        self.keeps_gradients = True
 
     def runner(self, accumulate: int) -> Callable[[Any, int, bool], Any]:
         """The step function for an epoch (the user steps, so accumulation changes nothing here)."""

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 from trainer.strategies.errors import ConfigurationError
 from trainer.data.batch_transfer import batch_mover
 from trainer.loops.optimizers import step_schedulers
+from trainer.module.overrides import overrides
+from trainer.module.train_module import TrainModule
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.loops.host import LoopHost
@@ -124,10 +126,20 @@ class TrainingEpochLoop:
             if validates_on_stop and trainer.should_stop and trainer._can_stop(progress.epoch + 1):
                 progress.val_pending = self.validated_on_stop = True  # this epoch's validation runs before the stop
             if progress.val_pending:
+                if window_end:
+                    self.release_gradients()
                 trainer._run_validation_in_fit()
             if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch + 1)):
                 break
         return reached_end
+
+
+    def release_gradients(self) -> None:
+        """Before a validation after a step: ``on_validation_model_zero_grad`` where the gradients outlived the step
+        or the module overrides it (as in Lightning); elsewhere the loop already freed them."""
+        module = self.trainer.module
+        if self.optimization.keeps_gradients or overrides(module, TrainModule, "on_validation_model_zero_grad"):
+            module.on_validation_model_zero_grad()
 
 
 def _with_last_flag(iterator: Iterator[Any], remaining: float) -> Iterator[tuple[Any, bool]]:

@@ -317,6 +317,11 @@ class TrainModule(nn.Module):
     def on_before_zero_grad(self, optimizer: Optimizer) -> None:
         """Called after the optimizer step, before gradients are cleared."""
 
+    def on_validation_model_zero_grad(self) -> None:
+        """Called by ``fit`` before a validation that follows an optimizer step, to release the gradients (as in
+        Lightning); not called where the loop already cleared them right after the step."""
+        self.zero_grad()
+
     def on_validation_model_eval(self) -> None:
         """Put the module in evaluation mode for validation (override to keep e.g. dropout on)."""
         self.eval()

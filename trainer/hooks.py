@@ -43,8 +43,8 @@ class HookDispatcher:
     def caller(self, trainer: Any, name: str) -> Optional[Callable[..., Any]]:
         """A callable running hook ``name`` in order, or ``None`` when nobody implements it.
 
-        The per-batch loop resolves its hooks once with this, so an unimplemented
-        hook costs one ``is not None`` check per batch.
+        The per-batch loop resolves its hooks once with this, so an unimplemented hook costs one
+        ``is not None`` check per batch.
         """
         if name not in self.module_hooks and not self.callback_hooks.get(name):
             return None

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Optional
 from trainer.callbacks.callback import CALLBACK_HOOKS, Callback
 from trainer.callbacks.early_stopping import EarlyStopping
 from trainer.callbacks.model_checkpoint import ModelCheckpoint
+from trainer.callbacks.rich_progress import RichProgressBar
 from trainer.callbacks.timer import Timer
 from trainer.module.overrides import overrides
 from trainer.module.train_module import TrainModule
@@ -20,8 +21,9 @@ from trainer.module.train_module import TrainModule
 # Module hooks whose TrainModule signature differs from the callback's by more than (trainer, module).
 _MODULE_HOOKS = frozenset(h for h in CALLBACK_HOOKS if h not in ("on_sanity_check_start", "on_sanity_check_end", "on_exception"))
 #: Callbacks that decide on logged metrics (Lightning's "monitoring callbacks"): on ``on_train_epoch_end`` they run
-#: after the module's hook.
-MONITORING_CALLBACKS = (ModelCheckpoint, EarlyStopping, Timer)
+#: after the module's hook. The progress bar too, so its epoch line shows what the module logged there (its place
+#: is invisible to a user's code).
+MONITORING_CALLBACKS = (ModelCheckpoint, EarlyStopping, Timer, RichProgressBar)
 
 
 class HookDispatcher:

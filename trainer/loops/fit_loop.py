@@ -40,7 +40,7 @@
             that validates: [at a window's end: on_validation_model_zero_grad, where gradients outlived the step
             (zero-grad hooks, manual optimisation) or it is overridden] validation loop (below); stop if should_stop
         on_train_epoch_end                          # other callbacks → module → monitoring callbacks
-                                                    # (ModelCheckpoint, EarlyStopping, Timer), after
+                                                    # (ModelCheckpoint, EarlyStopping, Timer, the progress bar), after
                                                     # ReduceLROnPlateau epoch schedulers step (epoch reached its end);
                                                     # checkpoints saved by these resume at the next epoch
         epoch metrics to loggers

@@ -164,9 +164,13 @@ class ModelCheckpoint(Callback):
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
         # Training stopped (max_steps mid-epoch, an epoch off the every_n_epochs schedule, early stopping):
-        # the newest checkpoint should be the final state.
-        if not self._skip(trainer) and (self.save_last or self.monitor is None):
-            self._save_all(trainer, top_k=self.monitor is None)
+        # the newest checkpoint should be the final state. A monitored top-k is also considered when max_steps
+        # ended the epoch mid-way, as Lightning's end of that epoch does.
+        if not self._skip(trainer):
+            mid_epoch = trainer.fit_loop.progress.batch_in_epoch > 0
+            due = mid_epoch and self._saves_on_train_epoch_end(trainer) and self._epoch_is_due(trainer)
+            if self.save_last or self.monitor is None or due:
+                self._save_all(trainer, top_k=self.monitor is None or due)
         if self.monitor is not None and self.monitor in self._warned and not self.best_model_path and self.save_top_k:
             self._warn_never_logged(trainer)
 

@@ -24,10 +24,10 @@ class Recording(Regressor):
 
 
 def _recorder(name):
-    def hook(self, *args):
+    def hook(self, *args, **kwargs):  # setup/teardown get stage= as a keyword, as in Lightning
         self.calls.append(name)
         parent = getattr(super(Recording, self), name)
-        return parent(*args)
+        return parent(*args, **kwargs)
 
     return hook
 
@@ -59,7 +59,7 @@ class RecordingCallback(Callback):
 def _val_block():
     return (["on_validation_start", "on_validation_epoch_start"]
             + ["on_validation_batch_start", "validation_step", "on_validation_batch_end"] * 2
-            + ["on_validation_epoch_end", "on_validation_end", "cb:on_validation_end"])  # fmt: skip
+            + ["on_validation_epoch_end", "cb:on_validation_end", "on_validation_end"])  # fmt: skip
 
 
 def test_hook_order_for_fit_with_validation_and_accumulation():
@@ -69,18 +69,18 @@ def test_hook_order_for_fit_with_validation_and_accumulation():
                             num_sanity_val_steps=1)  # fmt: skip
     trainer.fit(module, loader(n=32, batch_size=8), loader(n=16, batch_size=8))
 
-    micro = ["on_train_batch_start", "training_step", "on_before_backward", "on_after_backward"]
-    step = ["on_before_optimizer_step", "on_before_zero_grad"]
+    # Lightning's order: gradients are cleared after the window's first training_step, before its backward.
+    first = ["on_train_batch_start", "training_step", "on_before_zero_grad", "on_before_backward", "on_after_backward"]
+    last = ["on_train_batch_start", "training_step", "on_before_backward", "on_after_backward", "on_before_optimizer_step"]
     sanity = (["cb:on_sanity_check_start", "on_validation_start", "on_validation_epoch_start",
                "on_validation_batch_start", "validation_step", "on_validation_batch_end",
-               "on_validation_epoch_end", "on_validation_end", "cb:on_validation_end", "cb:on_sanity_check_end"])  # fmt: skip
+               "on_validation_epoch_end", "cb:on_validation_end", "on_validation_end", "cb:on_sanity_check_end"])  # fmt: skip
     expected = (
         ["setup", "configure_optimizers", "on_fit_start"] + sanity
         + ["on_train_start", "cb:on_train_epoch_start", "on_train_epoch_start"]
-        + micro + ["on_train_batch_end"] + micro + step + ["on_train_batch_end"]
-        + micro + ["on_train_batch_end"] + micro + step + ["on_train_batch_end"]
+        + (first + ["on_train_batch_end"] + last + ["on_train_batch_end"]) * 2
         + _val_block()
-        + ["on_train_epoch_end", "cb:on_train_epoch_end", "on_train_end", "on_fit_end", "teardown"]
+        + ["cb:on_train_epoch_end", "on_train_epoch_end", "on_train_end", "on_fit_end", "teardown"]
     )  # fmt: skip
     assert calls == expected
 

@@ -91,6 +91,8 @@ class TensorBytes(Callback):
         self.per_device: dict[int, list[int]] = {}
 
     def on_before_zero_grad(self, trainer, module, optimizer):
+        if any(param.grad is None for param in module.parameters()):
+            return  # the fit's first zero_grad (Lightning's order: before the first backward) has no gradients yet
         slot = tensor_devices(module, trainer.strategy.device_map)
         totals = {index: [0, 0, 0] for index in set(slot.values())}
         for name, param in module.named_parameters():

@@ -113,7 +113,8 @@ def test_batch_norm_statistics_are_recomputed_for_the_averaged_weights():
 
 
 class SaveEachEpoch(Callback):
-    """Saves with trainer.save_checkpoint at each epoch end, before the SWA callback's own epoch-end hook."""
+    """Saves with trainer.save_checkpoint at each epoch end, before the module's and the SWA callback's epoch-end
+    hooks."""
 
     def __init__(self, folder) -> None:
         self.folder = folder
@@ -146,7 +147,10 @@ def test_resume_from_an_epoch_end_checkpoint_ends_with_the_same_weights(tmp_path
     state = saved["callbacks"]["StochasticWeightAveraging"]
     assert state["started"] is (resume_epoch >= START)
     if state["started"]:
-        assert int(state["average_model"]["n_averaged"]) == resume_epoch - START + 1
+        # A callback saving in on_train_epoch_end before the module's hook (Lightning's order for callbacks that
+        # monitor nothing) saves an epoch whose end is not done: the resumed fit runs it, SWA's update included.
+        done = saver == "ModelCheckpoint"
+        assert int(state["average_model"]["n_averaged"]) == resume_epoch - START + done
 
     resumed = fit(ckpt_path=path, seed=1)  # different initial weights: everything must come from the checkpoint
     _assert_same(resumed.state_dict(), uninterrupted.state_dict())

@@ -1,8 +1,9 @@
 """Hook dispatch: look up once who overrides which hook, then call only those.
 
-Order between the module and callbacks for one hook: callbacks wrap the module. On ``*_start`` hooks
-and everything before a step, callbacks run first; on ``*_end`` hooks and ``teardown`` the module runs
-first, so callbacks (checkpointing, early stopping) see what the module just logged.
+Order between the module and callbacks for one hook, as in Lightning: the callbacks first, then the module,
+on every hook. One exception, ``on_train_epoch_end``: the callbacks that monitor a metric (checkpointing, early
+stopping, the timer) run after the module, so they see what it logged there; the others run before it.
+``setup`` and ``teardown`` get ``stage=`` as a keyword, as in Lightning.
 """
 from __future__ import annotations
 
@@ -10,12 +11,19 @@ import functools
 from typing import Any, Callable, Iterable, Optional
 
 from trainer.callbacks.callback import CALLBACK_HOOKS, Callback
+from trainer.callbacks.early_stopping import EarlyStopping
+from trainer.callbacks.model_checkpoint import ModelCheckpoint
+from trainer.callbacks.rich_progress import RichProgressBar
+from trainer.callbacks.timer import Timer
 from trainer.module.overrides import overrides
 from trainer.module.train_module import TrainModule
 
-_MODULE_FIRST = frozenset(h for h in CALLBACK_HOOKS if h.endswith("_end")) | {"teardown"}
 # Module hooks whose TrainModule signature differs from the callback's by more than (trainer, module).
 _MODULE_HOOKS = frozenset(h for h in CALLBACK_HOOKS if h not in ("on_sanity_check_start", "on_sanity_check_end", "on_exception"))
+#: Callbacks that decide on logged metrics (Lightning's "monitoring callbacks"): on ``on_train_epoch_end`` they run
+#: after the module's hook. The progress bar too, so its epoch line shows what the module logged there (its place
+#: is invisible to a user's code).
+MONITORING_CALLBACKS = (ModelCheckpoint, EarlyStopping, Timer, RichProgressBar)
 
 
 class HookDispatcher:
@@ -26,6 +34,10 @@ class HookDispatcher:
         self.callback_hooks: dict[str, list[Callable[..., Any]]] = {
             name: [getattr(cb, name) for cb in callbacks if overrides(cb, Callback, name)] for name in CALLBACK_HOOKS
         }
+        #: For each of ``callback_hooks["on_train_epoch_end"]``: whether its callback is a monitoring one.
+        self.monitors_train_epoch_end: list[bool] = [
+            isinstance(cb, MONITORING_CALLBACKS) for cb in callbacks if overrides(cb, Callback, "on_train_epoch_end")
+        ]
         self.module_hooks: dict[str, Callable[..., Any]] = {
             name: getattr(module, name) for name in _MODULE_HOOKS if overrides(module, TrainModule, name)
         }
@@ -40,14 +52,22 @@ class HookDispatcher:
             return None
         return functools.partial(self, trainer, name)
 
-    def __call__(self, trainer: Any, name: str, *args: Any) -> Any:
+    def __call__(self, trainer: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        for hook in self.callback_hooks.get(name, ()):
+            hook(trainer, trainer.module, *args, **kwargs)
         module_hook = self.module_hooks.get(name)
-        callbacks = self.callback_hooks.get(name, ())
-        if module_hook is not None and name in _MODULE_FIRST:
-            result = module_hook(*args)
-            for hook in callbacks:
-                hook(trainer, trainer.module, *args)
-            return result
-        for hook in callbacks:
-            hook(trainer, trainer.module, *args)
-        return module_hook(*args) if module_hook is not None else None
+        return module_hook(*args, **kwargs) if module_hook is not None else None
+
+    def train_epoch_end(self, trainer: Any, between: Callable[[], None]) -> None:
+        """``on_train_epoch_end``: the other callbacks, the module, ``between()``, then the monitoring callbacks."""
+        hooks = self.callback_hooks["on_train_epoch_end"]
+        for hook, monitors in zip(hooks, self.monitors_train_epoch_end):
+            if not monitors:
+                hook(trainer, trainer.module)
+        module_hook = self.module_hooks.get("on_train_epoch_end")
+        if module_hook is not None:
+            module_hook()
+        between()
+        for hook, monitors in zip(hooks, self.monitors_train_epoch_end):
+            if monitors:
+                hook(trainer, trainer.module)

@@ -39,9 +39,10 @@ from trainer.metrics.connector import MetricsConnector, print_eval_results
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
 from trainer.loops import fit_outcome
 from trainer.loops.fit_loop import FitLoop
-from trainer.loops.optimization import AutomaticOptimization, ManualOptimization, ManualOptimizer
+from trainer.loops.optimization import AutomaticOptimization, AutomaticOptimizer, ManualOptimization, ManualOptimizer
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module.train_module import TrainModule, configure_model_once
+from trainer.module.train_mode import warn_modules_in_eval_mode
 from trainer.loops.optimizers import SchedulerConfig, parse_optimizers
 from trainer.config.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
 from trainer.profiler.profilers import Profiler, build_profiler
@@ -167,7 +168,8 @@ class Trainer:
         slurm_requeue.connect(self)
         self.ckpt_path: Optional[str] = None  # the checkpoint the last fit/validate/test restored
         self._optimizers: list[torch.optim.Optimizer] = []
-        self._manual_optimizers: list[ManualOptimizer] = []
+        #: What ``module.optimizers()`` returns: the optimizers wrapped to step through the strategy.
+        self._wrapped_optimizers: list[Union[AutomaticOptimizer, ManualOptimizer]] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self._results: Optional[ResultCollection] = None  # the running stage's; read by module.log (hot path)
         self._metrics = MetricsConnector(self)
@@ -293,7 +295,7 @@ class Trainer:
                 fit_outcome.warn_if_already_done(self)  # a second fit() on a finished Trainer
             progress = self.fit_loop.progress
             trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
-            model.train()
+            warn_modules_in_eval_mode(model)  # each submodule keeps its own mode, as in Lightning
             self._call_hook("on_fit_start")
             if self.enable_autolog_hparams:
                 self._metrics.log_hyperparams(model, self.datamodule)
@@ -366,8 +368,8 @@ class Trainer:
         try:
             data_utils.prepare_data(self.strategy, model, datamodule)
             if datamodule is not None:
-                datamodule.setup(stage)
-            self._call_hook("setup", stage)
+                datamodule.setup(stage=stage)
+            self._call_hook("setup", stage=stage)
             configure_model_once(model, self.strategy)
             yield
             self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
@@ -380,9 +382,9 @@ class Trainer:
             raise
         finally:
             torch_flags.restore(saved_flags)  # deterministic/benchmark: a later Trainer starts from the script's
-            self._call_hook("teardown", stage)
-            if datamodule is not None:
-                datamodule.teardown(stage)
+            if datamodule is not None:  # datamodule → callbacks → module, as in Lightning
+                datamodule.teardown(stage=stage)
+            self._call_hook("teardown", stage=stage)
             self._results = None
             self.state_stage = None
             if profiling is not None:
@@ -455,7 +457,7 @@ class Trainer:
             self.strategy.compile_module(module, self.compile)
 
     def _setup_optimizers(self, model: TrainModule) -> None:
-        optimizers, schedulers = parse_optimizers(model.configure_optimizers())
+        optimizers, schedulers = parse_optimizers(model.configure_optimizers(), model.automatic_optimization)
         self._optimizers = self.strategy.setup_optimizers(optimizers)
         self.lr_scheduler_configs = schedulers
         if overrides(model, TrainModule, "lr_scheduler_step"):
@@ -468,10 +470,11 @@ class Trainer:
                     "one; for several, set self.automatic_optimization = False and step them in training_step."
                 )
             self._optimization: Any = AutomaticOptimization(self, self._optimizers[0] if self._optimizers else None)
-            self._manual_optimizers = []
+            wrapper = self._optimization.wrapper
+            self._wrapped_optimizers = [wrapper] if wrapper is not None else []
         else:
             self._optimization = ManualOptimization(self)
-            self._manual_optimizers = [ManualOptimizer(opt, self) for opt in self._optimizers]
+            self._wrapped_optimizers = [ManualOptimizer(opt, self) for opt in self._optimizers]
 
     def _train_iterator(self, epoch: int, start_batch: int) -> Any:
         iterator = self._checkpoint.train_iterator(self._train_dataloader, epoch, start_batch)
@@ -529,8 +532,8 @@ class Trainer:
         """``reload_dataloaders_every_n_epochs``: ask the module/datamodule for its loaders again."""
         self._setup_fit_data(self.module, *self._fit_sources)
 
-    def _call_hook(self, name: str, *args: Any) -> Any:
-        return self._hooks(self, name, *args)
+    def _call_hook(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._hooks(self, name, *args, **kwargs)
 
     # ------------------------------------------------------------------ public properties
     @property

@@ -94,12 +94,24 @@ def allocated_bytes(tensors) -> int:
 
 
 class MemoryProbe(Callback):
-    """Bytes of the real tensors this rank holds after the last optimizer step (before zero_grad)."""
+    """Bytes of the real tensors this rank holds after the last optimizer step (before zero_grad).
+
+    Implementing ``on_before_zero_grad`` gives Lightning's order: gradients are cleared only before the next
+    window's backward, so they are still there at ``on_train_batch_end`` after a step, where this measures.
+    """
 
     def __init__(self) -> None:
         self.bytes: dict[str, int] = {}
+        self._step = 0
 
     def on_before_zero_grad(self, trainer, module, optimizer):
+        pass  # see the class docstring
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self._step:
+            return  # inside an accumulation window
+        self._step = trainer.global_step
+        optimizer = trainer.optimizers[0]
         local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's optimizer there
         self.bytes = {
             "parameters": allocated_bytes(module.parameters()),

@@ -50,7 +50,8 @@ def loader_from(explicit: Any, datamodule: Any, module: Any, source: str) -> Any
     if explicit is not None:
         return explicit
     owner = datamodule if datamodule is not None else module
-    return getattr(owner, source)()
+    method = getattr(owner, source, None)
+    return method() if method is not None else None  # ``model.val_dataloader = None`` switches it off
 
 
 def prepare_data(strategy: Any, module: Any, datamodule: Any) -> None:

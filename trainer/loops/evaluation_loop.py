@@ -8,6 +8,9 @@ import torch
 from trainer.data.batch_transfer import batch_mover
 from trainer.metrics.logged_metrics import ResultCollection
 from trainer.loops.step_signature import step_arity
+from trainer.module.overrides import overrides
+from trainer.module.train_mode import ModuleModes
+from trainer.module.train_module import TrainModule
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.loops.host import LoopHost
@@ -53,7 +56,8 @@ class EvaluationLoop:
         arity = step_arity(getattr(module, self.step_name), several)  # (batch[, batch_idx[, dataloader_idx]])
         batch_start = trainer._hooks.caller(trainer, f"on_{prefix}_batch_start")
         batch_end = trainer._hooks.caller(trainer, f"on_{prefix}_batch_end")
-        was_training = module.training
+        modes = ModuleModes()
+        modes.capture(module)  # each submodule's own mode, put back after (a frozen backbone stays in eval)
         previous_results = trainer._results
         trainer._results = results
         results.reset()
@@ -92,8 +96,11 @@ class EvaluationLoop:
                     before_end()
                 call_hook(f"on_{prefix}_end")
         finally:
-            if was_training:
-                getattr(module, f"on_{prefix}_model_train")()
+            train_hook = f"on_{prefix}_model_train"
+            if overrides(module, TrainModule, train_hook):  # as in Lightning: the module's own hook decides
+                getattr(module, train_hook)()
+            else:
+                modes.restore()
             trainer._results = previous_results
         return per_loader
 
@@ -106,6 +113,19 @@ class PredictionLoop:
 
     def run(self, loaders: list[Any], batch_limits: list[float], return_predictions: bool = True) -> Any:
         """One list of outputs per dataloader (a flat list when there is one dataloader)."""
+        module = self.trainer.module
+        modes = ModuleModes()
+        modes.capture(module)
+        module.on_predict_model_eval()
+        try:
+            all_outputs = self._run(loaders, batch_limits, return_predictions)
+        finally:
+            modes.restore()
+        if not return_predictions:
+            return None
+        return all_outputs[0] if len(all_outputs) == 1 else all_outputs
+
+    def _run(self, loaders: list[Any], batch_limits: list[float], return_predictions: bool) -> list[list[Any]]:
         trainer = self.trainer
         strategy = trainer.strategy
         module = trainer.module
@@ -113,7 +133,6 @@ class PredictionLoop:
         several = len(loaders) > 1
         arity = step_arity(module.predict_step, several)
         all_outputs: list[list[Any]] = []
-        module.on_predict_model_eval()
         with evaluation_grad_mode(trainer):
             call_hook("on_predict_start")
             call_hook("on_predict_epoch_start")
@@ -138,6 +157,4 @@ class PredictionLoop:
                 all_outputs.append(outputs)
             call_hook("on_predict_epoch_end")
             call_hook("on_predict_end")
-        if not return_predictions:
-            return None
-        return all_outputs[0] if len(all_outputs) == 1 else all_outputs
+        return all_outputs

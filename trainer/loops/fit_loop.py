@@ -4,12 +4,13 @@
 
     strategy.setup_environment()                 # process group, device, precision checks
     datamodule.prepare_data()                    # local rank 0 only
-    setup("fit")                                 # datamodule → callbacks → module
-    configure_model()                            # once per module, in the strategy's init context (meta if sharded)
+    setup(stage="fit")                           # datamodule → callbacks → module
+    configure_model()                            # only if overridden; once per module, in the strategy's init context
     strategy.setup_module(module)                # precision conversion, device, DDP/FSDP wrapping, materialising
     configure_optimizers() → strategy.setup_optimizers(...)
     [restore ckpt_path]                          # on_load_checkpoint: callbacks → module
-    on_fit_start                                 # callbacks → module
+    [warning if submodules are in eval mode: each keeps its own mode, as in Lightning]
+    on_fit_start
     [sanity check]                               # on_sanity_check_start, validation loop, on_sanity_check_end
     on_train_start
     [restored fit: the saved RNG is put back]
@@ -18,43 +19,52 @@
         on_train_epoch_start
         for batch_idx, batch in train data:      # batch_idx counts micro-batches
             on_train_batch_start(batch, batch_idx)        # returning -1 ends the epoch early
+            [the window's last micro-batch, with optimizer_step overridden: optimizer_step(epoch, batch_idx,
+             optimizer, closure) runs, and optimizer.step(closure) runs the closure, the lines up to the step]
             training_step(batch, batch_idx)               # precision forward context; no_sync mid-window
+            [first micro-batch of a window, when optimizer_step, optimizer_zero_grad or on_before_zero_grad
+             is implemented: on_before_zero_grad(optimizer) → optimizer_zero_grad(epoch, batch_idx, optimizer)]
             on_before_backward(loss) → backward → on_after_backward
             if the accumulation window ends (every accumulate_grad_batches micro-batches, or the epoch's last):
                 [16-mixed: unscale gradients, once]
                 on_before_optimizer_step(optimizer)       # sees true gradients
                 clip gradients (gradient_clip_val / configure_gradient_clipping)
                 optimizer.step()                          # skipped by the scaler on inf/nan gradients
-                on_before_zero_grad(optimizer) → optimizer.zero_grad()
+                [no zero-grad hook implemented: zero_grad(set_to_none=True) now, freeing memory for the forward]
                 global_step += 1; step-interval LR schedulers (not after a skipped step)
+            [the epoch's last batch: epoch-interval LR schedulers other than ReduceLROnPlateau]
             on_train_batch_end(outputs, batch, batch_idx)
             step metrics to loggers every log_every_n_steps optimizer steps
             [after a step, at agreed steps: stop signals → save interrupted.ckpt, exit; non-finite loss → stop]
-            if val_check_interval is reached: validation loop (below)
-        module.on_train_epoch_end()
-        epoch-interval LR schedulers                # after validation: ReduceLROnPlateau sees val metrics
-        callbacks.on_train_epoch_end                # checkpoints saved here resume at the next epoch
+            if val_check_interval is reached, or should_stop is set (and min_epochs/min_steps are met) in an epoch
+            that validates: [at a window's end: on_validation_model_zero_grad, where gradients outlived the step
+            (zero-grad hooks, manual optimisation) or it is overridden] validation loop (below); stop if should_stop
+        on_train_epoch_end                          # other callbacks → module → monitoring callbacks
+                                                    # (ModelCheckpoint, EarlyStopping, Timer, the progress bar), after
+                                                    # ReduceLROnPlateau epoch schedulers step (epoch reached its end);
+                                                    # checkpoints saved by these resume at the next epoch
         epoch metrics to loggers
         stop at max_epochs / max_steps, or on should_stop once min_epochs is reached
     [pending stop signal / non-finite loss acted on]
     on_train_end
-    on_fit_end                                   # module → callbacks
-    teardown("fit")                              # module → callbacks → datamodule
+    on_fit_end
+    teardown(stage="fit")                        # datamodule → callbacks → module
 
 Validation loop (``validate()`` and ``test()`` run the same with ``test_*`` hooks)::
 
-    on_validation_start                          # module.eval(), gradients off
+    on_validation_start                          # each submodule's mode recorded, module.eval(), gradients off
     on_validation_epoch_start
     for each dataloader, for each batch:
         on_validation_batch_start(batch, batch_idx, dataloader_idx)
         validation_step(batch, batch_idx[, dataloader_idx])
         on_validation_batch_end(outputs, batch, batch_idx, dataloader_idx)
-    on_validation_epoch_end                      # module → callbacks
+    on_validation_epoch_end
     epoch metrics final, sent to loggers
-    on_validation_end                            # module → callbacks; module.train() after it
+    on_validation_end                            # then on_validation_model_train if overridden, else each
+                                                 # submodule's recorded mode is put back
 
-Between a module hook and the callbacks' hook of the same name: callbacks run first, except on
-``*_end`` hooks and ``teardown``, where the module runs first so callbacks see what it logged.
+Between a module hook and the callbacks' hook of the same name, as in Lightning: callbacks run first, on
+every hook but ``on_train_epoch_end`` (see above).
 """
 from __future__ import annotations
 
@@ -104,30 +114,35 @@ class FitLoop:
             trainer._call_hook("on_train_epoch_start")
             results.epoch_level = False
             iterator = trainer._train_iterator(progress.epoch, progress.batch_in_epoch)
-            epoch_loop.run(iterator, num_batches)
+            reached_end = epoch_loop.run(iterator, num_batches)
             if (trainer.max_steps != -1 and progress.global_step >= trainer.max_steps
                     and progress.batch_in_epoch < num_batches):  # fmt: skip
                 break  # max_steps stopped the epoch mid-way: the epoch did not end
-            if math.isinf(num_batches) and trainer._val_enabled and not progress.val_pending:
+            if (math.isinf(num_batches) and trainer._val_enabled and not progress.val_pending
+                    and not epoch_loop.validated_on_stop):  # fmt: skip
+                epoch_loop.release_gradients()
                 trainer._run_validation_in_fit()  # epoch end of an unsized loader
-            self._end_epoch()
+            plateau = [c for c in trainer.lr_scheduler_configs if c.interval == "epoch" and c.reduce_on_plateau]
+            self._end_epoch(plateau if reached_end and epoch_loop.optimization.steps_schedulers else [])
         trainer._faults.check()  # a signal or non-finite loss from the last steps is acted on before on_train_end
         trainer._call_hook("on_train_end")
 
-    def _end_epoch(self) -> None:
+    def _end_epoch(self, plateau_schedulers: list[Any]) -> None:
+        """``on_train_epoch_end`` (see :meth:`HookDispatcher.train_epoch_end` for the order), ``ReduceLROnPlateau``
+        schedulers of an epoch that reached its end, epoch metrics to the loggers."""
         trainer = self.trainer
         progress = self.progress
         results = trainer._metrics.train
         results.epoch_done = True
         results.epoch_level = True
-        module_hook = trainer._hooks.module_hooks.get("on_train_epoch_end")
-        if module_hook is not None:
-            module_hook()
-        trainer._metrics.sync_train_epoch()  # every rank: sync_dist values reduced before anyone decides on them
-        step_schedulers(trainer.lr_scheduler_configs, "epoch", progress.epoch + 1, lambda: trainer.callback_metrics)
-        progress.epoch_finished = True
-        for hook in trainer._hooks.callback_hooks["on_train_epoch_end"]:
-            hook(trainer, trainer.module)
+
+        def after_module_hook() -> None:
+            trainer._metrics.sync_train_epoch()  # every rank: sync_dist values reduced before anyone decides on them
+            if plateau_schedulers:  # they see what the module logged; checkpoints saved next hold the stepped state
+                step_schedulers(plateau_schedulers, "epoch", progress.epoch + 1, lambda: trainer.callback_metrics)
+            progress.epoch_finished = True
+
+        trainer._hooks.train_epoch_end(trainer, after_module_hook)
         trainer._metrics.log_train_epoch()
         results.epoch_done = False
         progress.epoch += 1

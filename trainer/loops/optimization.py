@@ -80,6 +80,12 @@ class AutomaticOptimization:
     The loss is divided by ``accumulate_grad_batches`` for every micro-batch, including a partial window
     at the end of an epoch (as Lightning and Accelerate do), so a hand-written loop with the usual
     ``(loss / accumulate).backward()`` gives the same weights.
+
+    Gradients are cleared right after the optimizer step (their memory is free during the next forward) unless
+    the module or a callback implements a hook that would see when: ``optimizer_step``, ``optimizer_zero_grad`` or
+    ``on_before_zero_grad``. Then the order is Lightning's: the window's first ``training_step``, then
+    ``on_before_zero_grad`` and ``optimizer_zero_grad``, then the backward; and an overridden ``optimizer_step``
+    runs the window's last ``training_step`` and backward itself, through the closure it is given.
     """
 
     def __init__(self, trainer: "LoopHost", optimizer: Optional[Optimizer]) -> None:
@@ -108,15 +114,22 @@ class AutomaticOptimization:
         self.loss_check: Optional[Callable[[Tensor], Optional[Tensor]]] = None  # set by runner()
         # on_train_batch_end gets {"loss": detached loss, **other keys} as in Lightning; built only if it is used.
         self.report_outputs = hooks.caller(trainer, "on_train_batch_end") is not None
+        #: The loops step the LR schedulers (the epoch-interval ones in :mod:`trainer.loops.training_epoch_loop`).
+        self.steps_schedulers = True
         self._before_step: Callable[[], None] = self._hooks_and_clipping
+        #: What ``self.optimizers()`` returns and ``optimizer_step`` receives (Lightning's LightningOptimizer).
+        self.wrapper = AutomaticOptimizer(self) if optimizer is not None else None
         # The module's own optimizer_step / optimizer_zero_grad (Lightning hooks, e.g. a learning-rate warm-up).
-        self.custom_step = _OverriddenStep(self) if overrides(module, TrainModule, "optimizer_step") else None
+        self.custom_step = overrides(module, TrainModule, "optimizer_step")
         self.custom_zero_grad = overrides(module, TrainModule, "optimizer_zero_grad")
+        self.zero_before_backward = self.custom_step or self.custom_zero_grad or self.before_zero_grad is not None
+        #: Gradients outlive the step (Lightning's order): fit releases them before validating.
+        self.keeps_gradients = self.zero_before_backward
         self.last_loss: Optional[Tensor] = None
         # Nothing between training_step and the torch calls would act: no hook of the step, clipping, custom step,
         # scheduler stepped per step, or strategy/precision layer (see Strategy.plain_steps).
         self.plain = (
-            optimizer is not None and trainer.strategy.plain_steps and self.custom_step is None
+            optimizer is not None and trainer.strategy.plain_steps and not self.custom_step
             and not self.custom_zero_grad and not self.custom_clipping and not self.clip_val
             and not self.counter.step_schedulers
             and all(hook is None for hook in (self.before_backward, self.after_backward,
@@ -127,6 +140,8 @@ class AutomaticOptimization:
         """The step function for an epoch run with ``accumulate`` micro-batches per window: :meth:`run`, or the
         same step in fewer calls (:meth:`_run_plain`) when nothing between them would act."""
         self.accumulate = accumulate
+        # A callback may have replaced the schedulers since (StochasticWeightAveraging's SWALR).
+        self.counter.step_schedulers = [c for c in self.trainer.lr_scheduler_configs if c.interval == "step"]
         # The guard's check records or reads the loss (decided when the fit starts); None skips the micro-batch.
         self.loss_check = self.guard.check if self.guard is not None else None
         if not (self.plain and accumulate == 1) or self.agree_skips:
@@ -136,19 +151,21 @@ class AutomaticOptimization:
         return self._run_plain
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
-        if self.sync_context:
-            with self.strategy.backward_sync(window_end):
-                output = self.forward_backward(batch, batch_idx)
-        else:
-            output = self.forward_backward(batch, batch_idx)
+        if window_end and self.custom_step and self.wrapper is not None:
+            return self.wrapper.run_step(batch, batch_idx)  # the module's optimizer_step runs the closure
+        output = self.synced_forward_backward(batch, batch_idx, window_end)
         if window_end:
             if self.window_has_loss and self.optimizer is not None:
-                if self.custom_step is not None:
-                    self.custom_step.run(batch_idx)
-                else:
-                    self.step(batch_idx)
+                self.step()
             self.window_has_loss = False
         return output
+
+    def synced_forward_backward(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
+        """:meth:`forward_backward`, with gradient synchronisation only at the window's end."""
+        if self.sync_context:
+            with self.strategy.backward_sync(window_end):
+                return self.forward_backward(batch, batch_idx)
+        return self.forward_backward(batch, batch_idx)
 
     def forward_backward(self, batch: Any, batch_idx: int) -> Any:
         """``training_step`` and the backward of its loss; returns what ``training_step`` returned."""
@@ -161,9 +178,10 @@ class AutomaticOptimization:
             output = _outputs_with_loss(output, loss)
         if loss is not None and self.loss_check is not None:
             loss = self.loss_check(loss)
+        if self.zero_before_backward and batch_idx % self.accumulate == 0 and self.optimizer is not None:
+            self.zero_grad(batch_idx)  # the window's first micro-batch, as in Lightning's closure
+        self.last_loss = loss
         if loss is not None:
-            if self.custom_step is not None:
-                self.last_loss = loss
             if self.accumulate > 1:
                 loss = loss / self.accumulate
             if self.before_backward is not None:
@@ -202,12 +220,14 @@ class AutomaticOptimization:
         self.progress.global_step += 1
         return output
 
-    def step(self, batch_idx: int = 0) -> None:
+    def step(self) -> None:
         stepped = self.strategy.optimizer_step(self.optimizer, self._before_step)
-        self.zero_grad(batch_idx)
+        if not self.zero_before_backward:
+            self.optimizer.zero_grad(set_to_none=True)  # nobody sees when: free the gradients before the next forward
         self.counter.after_step(stepped)
 
     def zero_grad(self, batch_idx: int) -> None:
+        """``on_before_zero_grad`` then ``optimizer_zero_grad`` (the module's, or ``zero_grad(set_to_none=True)``)."""
         optimizer = self.optimizer
         if self.before_zero_grad is not None:
             self.before_zero_grad(optimizer)
@@ -221,26 +241,69 @@ class AutomaticOptimization:
         if self.before_optimizer_step is not None:
             self.before_optimizer_step(optimizer)
         if self.custom_clipping:
-            self.trainer.module.configure_gradient_clipping(optimizer, self.clip_val, self.clip_algorithm)
+            self.trainer.module.configure_gradient_clipping(
+                optimizer, gradient_clip_val=self.clip_val, gradient_clip_algorithm=self.clip_algorithm
+            )
         elif self.clip_val:
             self.strategy.clip_gradients(optimizer, self.clip_val, self.clip_algorithm)
 
 
-class _OverriddenStep:
-    """Runs a module's own ``optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)``. The ``optimizer`` it
-    gets steps through the strategy (hooks, clipping, precision) when the module calls ``optimizer.step(closure)``;
-    the closure returns the window's loss, whose forward and backward already ran, so an optimizer that evaluates
-    its closure several times (LBFGS) needs manual optimisation."""
+_NOT_RUN = object()
+
+
+class AutomaticOptimizer:
+    """The optimizer as ``self.optimizers()`` returns it in automatic optimisation and as ``optimizer_step`` receives
+    it (Lightning's ``LightningOptimizer``): ``param_groups``, ``state`` and the rest are the torch optimizer's;
+    ``step(closure)`` runs the closure (the step's ``training_step`` and backward) then steps through the strategy
+    (unscale → ``on_before_optimizer_step`` → clip → step). A closure evaluated several times (LBFGS) needs manual
+    optimisation."""
 
     def __init__(self, automatic: AutomaticOptimization) -> None:
-        self.automatic = automatic
-        self.stepped: Optional[bool] = None
+        self._automatic = automatic
+        self._stepped: Optional[bool] = None
         self._closure_calls = 0
+        self._output: Any = _NOT_RUN
+        self._batch: Any = None
+        self._batch_idx = 0
 
     @property
     def optimizer(self) -> Optimizer:
         """The wrapped torch optimizer."""
-        return self.automatic.optimizer
+        return self._automatic.optimizer
+
+    def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> None:
+        """Run ``closure`` (if given), then step through the strategy; no step when no ``training_step`` of the
+        accumulation window returned a loss."""
+        if closure is not None:
+            closure()
+        automatic = self._automatic
+        if automatic.window_has_loss:
+            self._stepped = automatic.strategy.optimizer_step(automatic.optimizer, automatic._before_step)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients."""
+        self._automatic.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def run_step(self, batch: Any, batch_idx: int) -> Any:
+        """The window's last micro-batch under the module's ``optimizer_step(epoch, batch_idx, optimizer, closure)``;
+        returns what ``training_step`` returned."""
+        automatic = self._automatic
+        trainer = automatic.trainer
+        self._stepped, self._closure_calls, self._output = None, 0, _NOT_RUN
+        self._batch, self._batch_idx = batch, batch_idx
+        try:
+            trainer.module.optimizer_step(trainer.current_epoch, batch_idx, self, self._closure)
+        finally:
+            self._batch = None
+        if self._output is _NOT_RUN:
+            raise ConfigurationError(
+                "optimizer_step did not run the closure it was given: it runs this step's training_step and backward. "
+                "Call optimizer.step(closure=optimizer_closure); to skip the step, call optimizer_closure() alone."
+            )
+        automatic.window_has_loss = False
+        if self._stepped is not None:  # a module that skipped optimizer.step() took no step
+            automatic.counter.after_step(self._stepped)
+        return self._output
 
     def _closure(self) -> Optional[Tensor]:
         self._closure_calls += 1
@@ -250,30 +313,16 @@ class _OverriddenStep:
                 "optimisation the forward and backward run once per step; use manual optimisation "
                 "(self.automatic_optimization = False) to re-evaluate the loss inside optimizer.step(closure)."
             )
-        return self.automatic.last_loss
-
-    def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> None:
-        """Step through the strategy (unscale → ``on_before_optimizer_step`` → clip → step)."""
-        if closure is not None:
-            closure()
-        automatic = self.automatic
-        self.stepped = automatic.strategy.optimizer_step(automatic.optimizer, automatic._before_step)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the gradients."""
-        self.automatic.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def run(self, batch_idx: int) -> None:
-        automatic = self.automatic
-        trainer = automatic.trainer
-        self.stepped, self._closure_calls = None, 0
-        trainer.module.optimizer_step(trainer.current_epoch, batch_idx, self, self._closure)
-        automatic.zero_grad(batch_idx)
-        if self.stepped is not None:  # a module that skipped optimizer.step() took no step
-            automatic.counter.after_step(self.stepped)
+        automatic = self._automatic
+        self._output = automatic.synced_forward_backward(self._batch, self._batch_idx, True)
+        loss = automatic.last_loss
+        return loss.detach() if loss is not None else None
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.automatic.optimizer, name)
+        return getattr(self._automatic.optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"AutomaticOptimizer({self._automatic.optimizer!r})"
 
 
 class ManualOptimization:
@@ -282,6 +331,10 @@ class ManualOptimization:
     def __init__(self, trainer: "LoopHost") -> None:
         self.strategy = trainer.strategy
         self.pass_batch_idx = takes_batch_idx(trainer.module.training_step)
+        #: As in Lightning, the user steps every scheduler in manual optimisation: the loops step none.
+        self.steps_schedulers = False
+        #: The user clears the gradients: fit releases them before validating.
+        self.keeps_gradients = True
 
     def runner(self, accumulate: int) -> Callable[[Any, int, bool], Any]:
         """The step function for an epoch (the user steps, so accumulation changes nothing here)."""

@@ -42,7 +42,7 @@ def _is_plateau(scheduler: Any) -> bool:
     return isinstance(scheduler, ReduceLROnPlateau)
 
 
-def _scheduler_config(item: Any, monitor: Optional[str] = None) -> SchedulerConfig:
+def _scheduler_config(item: Any, monitor: Optional[str] = None, automatic: bool = True) -> SchedulerConfig:
     if isinstance(item, dict):
         unknown = set(item) - set(_SCHEDULER_KEYS)
         if unknown:
@@ -51,10 +51,23 @@ def _scheduler_config(item: Any, monitor: Optional[str] = None) -> SchedulerConf
             )
         if "scheduler" not in item:
             raise ConfigurationError("configure_optimizers: an lr_scheduler dict needs a 'scheduler' key.")
+        if not automatic and {"monitor", "strict"} & set(item):
+            warnings.warn(
+                f"configure_optimizers: the lr_scheduler keys {sorted({'monitor', 'strict'} & set(item))} are ignored "
+                "in manual optimisation, where you call scheduler.step() yourself.", RuntimeWarning, stacklevel=3,
+            )
         config = SchedulerConfig(**{"monitor": monitor, **item})
     else:
         config = SchedulerConfig(scheduler=item, monitor=monitor)
     scheduler = config.scheduler
+    if not automatic:  # the user steps it: any scheduler (timm's, a ReduceLROnPlateau without a monitor)
+        if not (hasattr(scheduler, "state_dict") and hasattr(scheduler, "load_state_dict")):
+            raise ConfigurationError(
+                f"configure_optimizers: the scheduler {type(scheduler).__name__} has no state_dict/load_state_dict, "
+                "so checkpoints could not save it. Add both methods (as torch.optim.lr_scheduler classes have)."
+            )
+        config.reduce_on_plateau = _is_plateau(scheduler)
+        return config
     if not hasattr(scheduler, "step") or not hasattr(scheduler, "optimizer"):
         raise ConfigurationError(
             f"configure_optimizers: {type(scheduler).__name__} is not an LR scheduler (it needs .step() and "
@@ -75,7 +88,7 @@ def _scheduler_config(item: Any, monitor: Optional[str] = None) -> SchedulerConf
     return config
 
 
-def _from_dict(item: dict) -> tuple[Optimizer, list[SchedulerConfig]]:
+def _from_dict(item: dict, automatic: bool) -> tuple[Optimizer, list[SchedulerConfig]]:
     unknown = set(item) - {"optimizer", "lr_scheduler", "monitor"}
     if unknown:
         raise ConfigurationError(
@@ -85,19 +98,20 @@ def _from_dict(item: dict) -> tuple[Optimizer, list[SchedulerConfig]]:
         raise ConfigurationError(f"configure_optimizers returned a dict without a usable 'optimizer'. {_FORMS}")
     schedulers = []
     if item.get("lr_scheduler") is not None:
-        schedulers.append(_scheduler_config(item["lr_scheduler"], item.get("monitor")))
+        schedulers.append(_scheduler_config(item["lr_scheduler"], item.get("monitor"), automatic))
     return item["optimizer"], schedulers
 
 
-def parse_optimizers(output: Any) -> tuple[list[Optimizer], list[SchedulerConfig]]:
-    """Normalise every accepted ``configure_optimizers`` form into (optimizers, scheduler configs)."""
+def parse_optimizers(output: Any, automatic: bool = True) -> tuple[list[Optimizer], list[SchedulerConfig]]:
+    """Normalise every accepted ``configure_optimizers`` form into (optimizers, scheduler configs). In manual
+    optimisation (``automatic=False``) the user steps the schedulers, so any scheduler object is accepted."""
     if output is None:
         warnings.warn("configure_optimizers returned None: training runs without an optimizer.", stacklevel=2)
         return [], []
     if _is_optimizer(output):
         return [output], []
     if isinstance(output, dict):
-        optimizer, schedulers = _from_dict(output)
+        optimizer, schedulers = _from_dict(output, automatic)
         return [optimizer], schedulers
     if isinstance(output, (list, tuple)):
         items = list(output)
@@ -106,13 +120,13 @@ def parse_optimizers(output: Any) -> tuple[list[Optimizer], list[SchedulerConfig
             scheduler_items = items[1] if isinstance(items[1], (list, tuple)) else [items[1]]
             if not optimizers or not all(_is_optimizer(o) for o in optimizers):
                 raise ConfigurationError(f"configure_optimizers: the first list must hold optimizers. {_FORMS}")
-            return optimizers, [_scheduler_config(s) for s in scheduler_items]
+            return optimizers, [_scheduler_config(s, None, automatic) for s in scheduler_items]
         if items and all(_is_optimizer(o) for o in items):
             return items, []
         if items and all(isinstance(o, dict) for o in items):
             optimizers, schedulers = [], []
             for item in items:
-                optimizer, configs = _from_dict(item)
+                optimizer, configs = _from_dict(item, automatic)
                 optimizers.append(optimizer)
                 schedulers.extend(configs)
             return optimizers, schedulers

@@ -11,7 +11,8 @@ class Progress:
 
     ``batch_in_epoch``: micro-batches finished in ``epoch`` (the resume position). ``val_pending``: the
     last finished batch is due a validation that has not finished yet. ``epoch_finished``: the epoch's
-    batches, its module ``on_train_epoch_end`` and its epoch-interval schedulers are done.
+    batches, its epoch-interval schedulers and its ``on_train_epoch_end`` up to the module's are done (only the
+    monitoring callbacks', e.g. checkpointing, remain).
     """
 
     epoch: int = 0

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.data.batch_transfer import batch_mover
+from trainer.loops.optimizers import step_schedulers
+from trainer.module.overrides import overrides
+from trainer.module.train_module import TrainModule
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.loops.host import LoopHost
@@ -24,6 +27,8 @@ class TrainingEpochLoop:
     def __init__(self, trainer: "LoopHost", optimization: Any) -> None:
         self.trainer = trainer
         self.optimization = optimization
+        #: The last :meth:`run` validated because a stop was requested (so the epoch's end does not validate again).
+        self.validated_on_stop = False
 
     def val_check_batch(self, num_batches: float) -> int:
         """After how many micro-batches validation runs (0: never in this epoch)."""
@@ -50,8 +55,10 @@ class TrainingEpochLoop:
             )
         return interval
 
-    def run(self, iterator: Any, num_batches: float) -> None:
-        """Consume ``iterator`` from ``progress.batch_in_epoch`` up to ``num_batches`` micro-batches."""
+    def run(self, iterator: Any, num_batches: float) -> bool:
+        """Consume ``iterator`` from ``progress.batch_in_epoch`` up to ``num_batches`` micro-batches. True when the
+        epoch reached its end (its last batch, or ``on_train_batch_start`` returning -1), False when it stopped early
+        (``max_steps``, ``should_stop``)."""
         trainer = self.trainer
         progress = trainer.fit_loop.progress
         results = trainer._metrics.train
@@ -65,7 +72,16 @@ class TrainingEpochLoop:
         stop_step = math.inf if trainer.max_steps == -1 else trainer.max_steps
         val_every = self.val_check_batch(num_batches)
         across_epochs = trainer.check_val_every_n_epoch is None
+        every_n = trainer.check_val_every_n_epoch
+        # As in Lightning, a stop requested mid-epoch still runs this epoch's validation (when it has one) first.
+        validates_on_stop = trainer._val_enabled and (every_n is None or (progress.epoch + 1) % every_n == 0)
+        # Epoch-interval schedulers other than ReduceLROnPlateau step at the epoch's last batch, before its
+        # validation, as in Lightning (ReduceLROnPlateau at the epoch's end: FitLoop).
+        epoch_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "epoch" and not c.reduce_on_plateau
+                            ] if self.optimization.steps_schedulers else []  # fmt: skip
         batch_idx = progress.batch_in_epoch
+        reached_end = batch_idx >= num_batches
+        self.validated_on_stop = False
         to_device = batch_mover(trainer)
 
         if progress.val_pending:  # resumed from a checkpoint saved between a batch and its validation
@@ -76,6 +92,9 @@ class TrainingEpochLoop:
                 batch = to_device(batch)
             results.batch = batch  # its size is inferred only if a logged value needs it
             if batch_start is not None and batch_start(batch, batch_idx) == -1:
+                reached_end = True  # the epoch ends here, as if this were its last batch
+                if epoch_schedulers:
+                    step_schedulers(epoch_schedulers, "epoch", progress.epoch + 1, lambda: trainer.callback_metrics)
                 break
             window_end = steps_every_batch or is_last or (batch_idx + 1) % accumulate == 0
             steps_before = progress.global_step
@@ -91,6 +110,10 @@ class TrainingEpochLoop:
             if val_every:
                 counter = progress.total_batches if across_epochs else batch_idx
                 progress.val_pending = counter % val_every == 0
+            if is_last:
+                reached_end = True
+                if epoch_schedulers:  # as in Lightning: before on_train_batch_end and the epoch's validation
+                    step_schedulers(epoch_schedulers, "epoch", progress.epoch + 1, lambda: trainer.callback_metrics)
             if batch_end is not None:
                 batch_end(outputs, batch, batch_idx - 1)
 
@@ -100,10 +123,23 @@ class TrainingEpochLoop:
             # did not step, so a run whose batches are all skipped still stops on SIGTERM.
             if step >= faults.due_step and (stepped or (window_end and not faults.due_step)):
                 faults.check()  # before validation: a checkpoint saved here resumes with validation pending
+            if validates_on_stop and trainer.should_stop and trainer._can_stop(progress.epoch + 1):
+                progress.val_pending = self.validated_on_stop = True  # this epoch's validation runs before the stop
             if progress.val_pending:
+                if window_end:
+                    self.release_gradients()
                 trainer._run_validation_in_fit()
             if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch + 1)):
                 break
+        return reached_end
+
+
+    def release_gradients(self) -> None:
+        """Before a validation after a step: ``on_validation_model_zero_grad`` where the gradients outlived the step
+        or the module overrides it (as in Lightning); elsewhere the loop already freed them."""
+        module = self.trainer.module
+        if self.optimization.keeps_gradients or overrides(module, TrainModule, "on_validation_model_zero_grad"):
+            module.on_validation_model_zero_grad()
 
 
 def _with_last_flag(iterator: Iterator[Any], remaining: float) -> Iterator[tuple[Any, bool]]:

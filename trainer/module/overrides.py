@@ -5,8 +5,10 @@ from typing import Any
 
 
 def overrides(obj: Any, base: type, name: str) -> bool:
-    """True when ``type(obj)`` (or the instance itself) defines ``name`` differently from ``base``."""
-    if name in getattr(obj, "__dict__", {}):
-        return True
+    """True when ``type(obj)`` (or the instance itself) defines ``name`` differently from ``base``. An instance
+    attribute set to ``None`` (Lightning's ``model.validation_step = None``) switches the method off: False."""
+    own = getattr(obj, "__dict__", {})
+    if name in own:
+        return own[name] is not None
     impl = getattr(type(obj), name, None)
     return impl is not None and impl is not getattr(base, name, None)

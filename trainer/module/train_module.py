@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.module.hparams import AttributeDict, hyperparameters_of_call
+from trainer.module.train_mode import ModuleModes
 
 
 class TrainModule(nn.Module):
@@ -31,6 +32,12 @@ class TrainModule(nn.Module):
     prepare_data_per_node: bool = True
     #: Whether restoring a checkpoint in fit/validate/test requires every weight to match (Lightning's attribute).
     strict_loading: bool = True
+    #: Properties TorchScript must not compile (they read the Trainer): ``torch.jit.script(module)`` works before
+    #: and after ``fit``, as in Lightning.
+    __jit_unused_properties__: list[str] = [
+        "trainer", "device", "dtype", "current_epoch", "global_step", "global_rank", "local_rank", "on_gpu",
+        "logger", "loggers", "device_mesh", "hparams", "hparams_initial",
+    ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -52,7 +59,7 @@ class TrainModule(nn.Module):
     @property
     def trainer(self) -> Any:
         """The Trainer running this module (raises when the module is not attached to one)."""
-        if self._trainer is None:
+        if self._trainer is None and not self.__dict__.get("_jit_is_scripting"):
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) first.")
         return self._trainer
 
@@ -310,12 +317,18 @@ class TrainModule(nn.Module):
     def on_before_zero_grad(self, optimizer: Optimizer) -> None:
         """Called after the optimizer step, before gradients are cleared."""
 
+    def on_validation_model_zero_grad(self) -> None:
+        """Called by ``fit`` before a validation that follows an optimizer step, to release the gradients (as in
+        Lightning); not called where the loop already cleared them right after the step."""
+        self.zero_grad()
+
     def on_validation_model_eval(self) -> None:
         """Put the module in evaluation mode for validation (override to keep e.g. dropout on)."""
         self.eval()
 
     def on_validation_model_train(self) -> None:
-        """Put the module back in training mode after a validation inside fit."""
+        """Called after validation only when overridden; otherwise each submodule gets back the train/eval mode it
+        had before validation (as in Lightning)."""
         self.train()
 
     def on_test_model_eval(self) -> None:
@@ -323,7 +336,7 @@ class TrainModule(nn.Module):
         self.eval()
 
     def on_test_model_train(self) -> None:
-        """Put the module back in training mode after test (when it was training before)."""
+        """Called after test only when overridden; otherwise each submodule gets back the mode it had before."""
         self.train()
 
     def on_predict_model_eval(self) -> None:
@@ -333,12 +346,14 @@ class TrainModule(nn.Module):
     # ------------------------------------------------------------------ optimisation hooks (automatic optimisation)
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Optional[Callable] = None) -> None:
         """Step ``optimizer`` at the end of an accumulation window; override to act around it (e.g. a learning-rate
-        warm-up) and call ``optimizer.step(closure=optimizer_closure)``. ``optimizer.step`` runs the precision
-        plugin, ``on_before_optimizer_step`` and clipping; not calling it skips the step."""
+        warm-up) and call ``optimizer.step(closure=optimizer_closure)``. As in Lightning the closure runs this
+        micro-batch's ``training_step`` and backward; ``optimizer.step`` then runs the precision plugin,
+        ``on_before_optimizer_step`` and clipping. ``optimizer_closure()`` alone skips the step."""
         optimizer.step(closure=optimizer_closure)
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Optimizer) -> None:
-        """Clear the gradients after a step (override e.g. to keep them as zeros: ``set_to_none=False``)."""
+        """Clear the gradients; called after the first ``training_step`` of an accumulation window, before its
+        backward, as in Lightning (override e.g. to keep them as zeros: ``set_to_none=False``)."""
         optimizer.zero_grad(set_to_none=True)
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
@@ -421,9 +436,11 @@ class TrainModule(nn.Module):
 
     # ------------------------------------------------------------------ manual optimisation
     def optimizers(self, use_pl_optimizer: bool = True) -> Any:
-        """The optimizer(s) from ``configure_optimizers``, wrapped so ``step()`` runs through the precision plugin
-        (``use_pl_optimizer=False``: the torch optimizers themselves)."""
-        optimizers = self.trainer._manual_optimizers if use_pl_optimizer else self.trainer.optimizers
+        """The optimizer from ``configure_optimizers`` (a list when there are several), wrapped so ``step()`` runs
+        through the strategy and precision plugin, with ``.optimizer``, ``.param_groups``, ``.zero_grad()``; in
+        automatic and manual optimisation alike, as Lightning's ``LightningOptimizer``. ``use_pl_optimizer=False``:
+        the torch optimizers themselves."""
+        optimizers = self.trainer._wrapped_optimizers if use_pl_optimizer else self.trainer.optimizers
         return optimizers[0] if len(optimizers) == 1 else optimizers
 
     def lr_schedulers(self) -> Any:
@@ -434,14 +451,15 @@ class TrainModule(nn.Module):
         return schedulers[0] if len(schedulers) == 1 else schedulers
 
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        """Backward for manual optimisation: loss scaling and hooks as in automatic mode."""
+        """Backward for manual optimisation: loss scaling and hooks as in automatic mode; ``args``/``kwargs`` go to
+        ``Tensor.backward`` (e.g. ``retain_graph=True``)."""
         trainer = self.trainer
         if self.automatic_optimization:
             raise ConfigurationError(
                 "manual_backward is for manual optimisation: set self.automatic_optimization = False in __init__."
             )
         trainer._call_hook("on_before_backward", loss)
-        trainer.strategy.backward(loss)
+        trainer.strategy.backward(loss, *args, **kwargs)
         trainer._call_hook("on_after_backward")
 
     def toggle_optimizer(self, optimizer: Any) -> None:
@@ -475,10 +493,10 @@ class TrainModule(nn.Module):
         algorithm = gradient_clip_algorithm or "norm"
         if algorithm not in ("norm", "value"):
             raise ConfigurationError(f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
-        for manual in self.trainer._manual_optimizers:
-            if optimizer is manual:
+        for wrapped in self.trainer._wrapped_optimizers:
+            if optimizer is wrapped:
                 # The gradient scaler tracks "unscaled already" per optimizer object: it must see the one step() uses.
-                optimizer = manual.optimizer
+                optimizer = wrapped.optimizer
         self.trainer.strategy.clip_gradients(optimizer, float(gradient_clip_val), algorithm)
 
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
@@ -504,8 +522,10 @@ class TrainModule(nn.Module):
                        example_inputs: Any = None, **kwargs: Any) -> Any:  # fmt: skip
         """A TorchScript version of the module (``torch.jit.script``, or ``method="trace"`` with ``example_inputs``,
         default ``example_input_array``); saved to ``file_path`` when given."""
-        mode = self.training
+        modes = ModuleModes()
+        modes.capture(self)  # each submodule's own mode comes back after the export
         self.eval()
+        self.__dict__["_jit_is_scripting"] = True  # TorchScript reads every property, ``trainer`` too
         try:
             if method == "script":
                 scripted = torch.jit.script(self, **kwargs)
@@ -517,7 +537,8 @@ class TrainModule(nn.Module):
             else:
                 raise ConfigurationError(f"to_torchscript(method={method!r}): use 'script' or 'trace'.")
         finally:
-            self.train(mode)
+            self.__dict__.pop("_jit_is_scripting", None)
+            modes.restore()
         if file_path is not None:
             torch.jit.save(scripted, str(file_path))
         return scripted
@@ -527,12 +548,13 @@ class TrainModule(nn.Module):
         inputs = self.example_input_array if input_sample is None else input_sample
         if inputs is None:
             raise ConfigurationError("to_onnx needs input_sample or example_input_array.")
-        mode = self.training
+        modes = ModuleModes()
+        modes.capture(self)
         self.eval()
         try:
             torch.onnx.export(self, inputs if isinstance(inputs, tuple) else (inputs,), str(file_path), **kwargs)
         finally:
-            self.train(mode)
+            modes.restore()
 
     # ------------------------------------------------------------------ hyperparameters and checkpoints
     def save_hyperparameters(self, *args: Any, ignore: Optional[Union[str, Iterable[str]]] = None, frame: Any = None) -> None:

@@ -1,0 +1,127 @@
+"""Loops written as an Accelerate user writes them, with only the import changed; every rank writes
+``rank<r>.pt`` into OUT (read by tests/test_accelerate_compat.py).
+
+    trainer run --config acc.yaml accelerate_job.py OUT     # two CPU processes, the file says bf16
+
+The Accelerators that measure numbers pass ``mixed_precision="no"`` (the script's explicit argument wins over the
+file); one ``Accelerator()`` with the defaults reports what the file set.
+"""
+from __future__ import annotations
+
+import faulthandler
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+
+from trainer.accelerate import Accelerator, DataLoaderConfiguration, DistributedType  # noqa: E402
+from trainer.accelerate.local_sgd import LocalSGD  # noqa: E402
+from trainer.accelerate.utils import gather_object, set_seed  # noqa: E402
+
+
+def linear_schedule(optimizer: torch.optim.Optimizer, total: int = 10) -> torch.optim.lr_scheduler.LambdaLR:
+    """transformers' get_linear_schedule_with_warmup(optimizer, 0, total)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, (total - step) / total))
+
+
+def batches(accelerator: Accelerator, n: int, batch_size: int) -> list[list[int]]:
+    loader = accelerator.prepare(DataLoader(list(range(n)), batch_size=batch_size))
+    return [batch.tolist() for batch in loader]
+
+
+def lr_after(accelerator: Accelerator, steps: int) -> float:
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, linear_schedule(optimizer))
+    for _ in range(steps):
+        accelerator.backward(model(torch.ones(1, 2, device=accelerator.device)).sum())
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return scheduler.get_last_lr()[0]
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    torch.set_num_threads(1)
+    faulthandler.dump_traceback_later(100, exit=True)
+    report: dict = {}
+
+    defaults = Accelerator()  # everything from the config file
+    report["file"] = {"mixed_precision": defaults.mixed_precision, "device": str(defaults.device)}
+
+    accelerator = Accelerator(mixed_precision="no", cpu=False)
+    rank = accelerator.process_index
+    report["members"] = {
+        "mixed_precision": accelerator.mixed_precision, "distributed_type": accelerator.distributed_type,
+        "is_multi_cpu": accelerator.distributed_type == DistributedType.MULTI_CPU,
+        "num_processes": accelerator.num_processes, "process_index": rank,
+        "use_distributed": accelerator.use_distributed, "is_main_process": accelerator.is_main_process,
+        "is_last_process": accelerator.is_last_process,
+    }  # fmt: skip
+    report["dealt"] = batches(accelerator, 12, 2)
+    report["even"] = batches(accelerator, 10, 4)
+    report["lr"] = lr_after(accelerator, 3)
+    set_seed(5)
+    shuffled = accelerator.prepare(DataLoader(list(range(12)), batch_size=2, shuffle=True))
+    report["shuffled"] = [[batch.tolist() for batch in shuffled] for _ in range(2)]  # two epochs
+
+    # gather_for_metrics: the batch itself, and a tensor that is not the batch
+    loader = accelerator.prepare(DataLoader(torch.arange(10), batch_size=4))
+    samples, rows = [], 0
+    for batch in loader:
+        samples += accelerator.gather_for_metrics(batch).tolist()
+        rows += accelerator.gather_for_metrics(torch.zeros(4)).shape[0]
+        objects = accelerator.gather_for_metrics([f"r{rank}b{int(batch[0])}"])
+    report["gathered"], report["gathered_rows"], report["last_objects"] = samples, rows, objects
+    report["gather_object"] = gather_object([f"from {rank}"])
+
+    # set_trigger on one rank stops every rank
+    if rank == 1:
+        accelerator.set_trigger()
+    report["trigger"] = (accelerator.check_trigger(), accelerator.check_trigger())
+
+    with accelerator.local_main_process_first():
+        report["local_first"] = True
+
+    # LocalSGD: own gradients, parameters averaged every 2 steps
+    set_seed(7)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    inputs = torch.full((4, 3), float(rank + 1))
+    weights = []
+    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=2) as local_sgd:
+        for _ in range(4):
+            accelerator.backward(model(inputs).pow(2).mean())
+            optimizer.step()
+            optimizer.zero_grad()
+            local_sgd.step()
+            weights.append(accelerator.unwrap_model(model).weight.detach().clone())
+    report["local_sgd"] = weights
+
+    split = Accelerator(mixed_precision="no", dataloader_config=DataLoaderConfiguration(split_batches=True))
+    report["split"] = batches(split, 12, 4)
+    report["split_lr"] = lr_after(split, 3)
+    uneven = Accelerator(mixed_precision="no", dataloader_config=DataLoaderConfiguration(even_batches=False))
+    report["uneven"] = batches(uneven, 10, 4)
+    every_call = Accelerator(mixed_precision="no", step_scheduler_with_optimizer=False, gradient_accumulation_steps=2)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model, optimizer, scheduler = every_call.prepare(model, optimizer, linear_schedule(optimizer))
+    for _ in range(3):
+        with every_call.accumulate(model):
+            every_call.backward(model(torch.ones(1, 2)).sum())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    report["every_call_lr"] = scheduler.get_last_lr()[0]
+    accelerator.end_training()
+    torch.save(report, out / f"rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()

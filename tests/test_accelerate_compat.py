@@ -109,6 +109,9 @@ def test_two_processes_gathers_and_trigger(ranks):
         assert report["gather_object"] == ["from 0", "from 1"]
         assert report["trigger"] == (True, False)  # rank 1 set it; both see it once
         assert report["local_first"]
+        assert report["padded"] == [1, 0, 1, 2]  # rank 0's [1] padded to rank 1's length
+    assert ranks[0]["split_prompts"] == ["A", "B"] and ranks[1]["split_prompts"] == ["C", "C"]
+    assert ranks[0]["on_main"] == "ran" and ranks[1]["on_main"] is None
 
 
 @pytest.mark.timeout(2 * TIMEOUT_S)
@@ -263,6 +266,24 @@ def test_free_memory_then_prepare_again_and_automatic_checkpoint_naming(tmp_path
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2"]
     accelerator.load_state()
     assert config.iteration == 3
+
+
+def test_process_helpers_in_one_process(tmp_path):
+    accelerator = Accelerator(cpu=True, log_with="csv", project_dir=tmp_path)
+    with accelerator.split_between_processes({"a": [1, 2], "b": [3, 4]}) as share:
+        assert share == {"a": [1, 2], "b": [3, 4]}
+    assert accelerator.on_process(process_index=0)(lambda: 1)() == 1 and accelerator.on_last_process(lambda: 2)() == 2
+    assert torch.equal(accelerator.pad_across_processes(torch.ones(2)), torch.ones(2))
+    model = accelerator.prepare_model(torch.nn.Linear(2, 1))
+    optimizer = accelerator.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    scheduler = accelerator.prepare_scheduler(torch.optim.lr_scheduler.StepLR(optimizer.optimizer, 1))
+    accelerator.unscale_gradients()
+    assert scheduler.get_last_lr() == [0.1] and accelerator.logging_dir == str(tmp_path)
+    accelerator.init_trackers("run")
+    assert type(accelerator.get_tracker("csv")).__name__ == "CSVLogger"
+    accelerator.save_model(model, tmp_path / "saved", safe_serialization=False)
+    state = torch.load(tmp_path / "saved" / "pytorch_model.bin", weights_only=True)
+    assert torch.equal(state["weight"], accelerator.unwrap_model(model).weight)
 
 
 def test_skip_first_batches_and_gather_object_in_one_process():

@@ -86,6 +86,10 @@ def main() -> None:
 
     with accelerator.local_main_process_first():
         report["local_first"] = True
+    with accelerator.split_between_processes(["A", "B", "C"], apply_padding=True) as prompts:
+        report["split_prompts"] = prompts
+    report["padded"] = accelerator.gather(accelerator.pad_across_processes(torch.arange(rank + 1) + 1)).tolist()
+    report["on_main"] = accelerator.on_main_process(lambda: "ran")()
 
     # LocalSGD: own gradients, parameters averaged every 2 steps
     set_seed(7)

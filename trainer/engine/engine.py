@@ -254,6 +254,41 @@ class Engine:
         return self.strategy.global_rank == self.strategy.world_size - 1
 
     @property
+    def multi_device(self) -> bool:
+        """True when the job has more than one process (Accelerate's name)."""
+        return self.use_distributed
+
+    @property
+    def logging_dir(self) -> str:
+        """The trackers' folder (``ProjectConfiguration.logging_dir``, else ``project_dir``)."""
+        return str(self.project_configuration.logging_dir or self.project_dir)
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatically named ``save_state()`` folder gets."""
+        return self.project_configuration.iteration
+
+    @property
+    def non_blocking(self) -> bool:
+        """``DataLoaderConfiguration.non_blocking`` (host-to-device copies are asynchronous on CUDA anyway)."""
+        return self._compat.dataloader_config.non_blocking
+
+    @property
+    def dispatch_batches(self) -> bool:
+        """Always False: every process reads its own share."""
+        return False
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """Always False: shuffled loaders share their sampler's generator across processes."""
+        return False
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Always False: prepared loaders resume exactly without it."""
+        return False
+
+    @property
     def split_batches(self) -> bool:
         """True when prepared dataloaders cut each batch into one piece per process (Accelerator only)."""
         return self._compat.dataloader_config.split_batches
@@ -430,6 +465,49 @@ class Engine:
         """``dataloader`` starting ``num_batches`` batches in; a prepared dataloader ``load_state`` has just
         positioned is returned as it is (it continues at the saved batch already)."""
         return skip_first_batches(dataloader, num_batches)
+
+    def prepare_model(self, model: nn.Module, device_placement: Optional[bool] = None,
+                      evaluation_mode: bool = False) -> nn.Module:  # fmt: skip
+        """``prepare(model)``; ``evaluation_mode=True`` only moves and converts it (no DDP wrapper)."""
+        if evaluation_mode:
+            self._require_ready("prepare_model()")
+            return self.strategy.precision.convert_module(model).to(self.device)
+        return self.prepare(model)
+
+    def prepare_optimizer(self, optimizer: Optimizer, device_placement: Optional[bool] = None) -> EngineOptimizer:
+        """``prepare(optimizer)``."""
+        return self.prepare(optimizer)
+
+    def prepare_scheduler(self, scheduler: Any) -> EngineScheduler:
+        """``prepare(scheduler)``."""
+        return self.prepare(scheduler)
+
+    def unscale_gradients(self, optimizer: Optional[Any] = None) -> None:
+        """Unscale the gradients of ``optimizer`` (or of every prepared optimizer) under fp16; a no-op otherwise
+        and when already unscaled this step."""
+        targets = self._optimizers if optimizer is None else [optimizer]
+        for target in targets:
+            self.strategy.unscale_gradients(getattr(target, "optimizer", target))
+
+    def save_model(self, model: nn.Module, save_directory: Union[str, os.PathLike], max_shard_size: Any = None,
+                   safe_serialization: bool = True) -> None:  # fmt: skip
+        """Write the prepared ``model``'s full state dict to ``save_directory`` on rank 0:
+        ``model.safetensors`` (needs the safetensors package) or, with ``safe_serialization=False``,
+        ``pytorch_model.bin``. One file, whatever ``max_shard_size`` says."""
+        state = self.get_state_dict(model)
+        folder = Path(save_directory)
+        if self.is_main_process:
+            folder.mkdir(parents=True, exist_ok=True)
+            if safe_serialization:
+                try:
+                    from safetensors.torch import save_file
+                except ImportError:
+                    raise ConfigurationError("save_model(safe_serialization=True) needs the safetensors package: "
+                                             "install it, or pass safe_serialization=False.") from None  # fmt: skip
+                save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+            else:
+                atomic_save(state, folder / "pytorch_model.bin")
+        self.wait_for_everyone()
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict of a prepared ``model`` (gathered from the ranks under sharded strategies)."""
@@ -653,6 +731,69 @@ class Engine:
         profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
         self.wait_for_everyone()
 
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This process's contiguous share of ``inputs`` (a list, tuple, tensor, or dict of them), the first
+        processes taking one more when it does not divide; ``apply_padding`` repeats the last element so every
+        process gets as many (drop them after a gather). One process gets ``inputs`` unchanged."""
+        from trainer.engine.collectives import split_share
+
+        yield split_share(inputs, self.num_processes, self.process_index, apply_padding)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+        """Pad ``tensor`` (or nested tensors) along ``dim`` with ``pad_index`` to the largest size any process has,
+        so they can be gathered. Every process must call it."""
+        from trainer.engine.collectives import pad_to_largest
+
+        return _apply_to_tensors(tensor, lambda t: pad_to_largest(self.strategy, t, dim, pad_index, pad_first))
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: ``function`` runs on global rank 0 only (elsewhere the call returns None)."""
+        return self._on(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: ``function`` runs on local rank 0 of each machine only."""
+        return self._on(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: ``function`` runs on the highest global rank only."""
+        return self._on(function, lambda: self.is_last_process)
+
+    def on_process(self, function: Optional[Callable[..., Any]] = None, process_index: Optional[int] = None) -> Any:
+        """Decorator: ``function`` runs on global rank ``process_index`` only."""
+        if function is None:
+            return lambda fn: self.on_process(fn, process_index)
+        return self._on(function, lambda: self.process_index == process_index)
+
+    def on_local_process(self, function: Optional[Callable[..., Any]] = None,
+                         local_process_index: Optional[int] = None) -> Any:  # fmt: skip
+        """Decorator: ``function`` runs on local rank ``local_process_index`` of each machine only."""
+        if function is None:
+            return lambda fn: self.on_local_process(fn, local_process_index)
+        return self._on(function, lambda: self.local_process_index == local_process_index)
+
+    @staticmethod
+    def _on(function: Callable[..., Any], here: Callable[[], bool]) -> Callable[..., Any]:
+        import functools
+
+        @functools.wraps(function)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if here() else None
+
+        return run
+
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: Optional[bool] = None) -> ContextManager:
+        """``torch.distributed.algorithms.Join`` over ``joinables`` (prepared DDP models), for loops whose
+        processes run different numbers of batches (``even_batches=False``). Nothing to do in one process."""
+        if even_batches is not None:
+            raise ConfigurationError("join_uneven_inputs(even_batches=...) is not supported: set even_batches in the "
+                                     "DataLoaderConfiguration the loaders are prepared with.")  # fmt: skip
+        if not self.use_distributed:
+            return _NULL_CONTEXT
+        from torch.distributed.algorithms import Join
+
+        return Join(joinables)
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""
         if self.is_main_process:
@@ -737,6 +878,15 @@ class Engine:
         if config and self.is_main_process:
             for logger in self.loggers:
                 logger.log_hyperparams(dict(config))
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The logger created for ``name`` ("tensorboard", "csv", ...); its underlying writer with ``unwrap``
+        (e.g. TensorBoard's ``SummaryWriter``) where it has one."""
+        for logger in self.loggers:
+            if type(logger).__name__.lower().removesuffix("logger") == name.lower():
+                return getattr(logger, "experiment", logger) if unwrap else logger
+        raise ConfigurationError(f"get_tracker({name!r}): no such tracker; this run has "
+                                 f"{[type(logger).__name__ for logger in self.loggers]} (call init_trackers first).")  # fmt: skip
 
     def log(self, values: dict[str, Any], step: Optional[int] = None) -> None:
         """Send scalar ``values`` (numbers or one-element tensors) to every logger, on global rank 0."""

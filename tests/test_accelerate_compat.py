@@ -122,6 +122,17 @@ def test_two_processes_local_sgd_averages_every_n_steps(ranks):
         assert same == (step % 2 == 1), f"after step {step + 1}: ranks {'equal' if same else 'differ'}"
 
 
+@pytest.mark.timeout(2 * TIMEOUT_S)
+def test_two_processes_ddp_kwargs_handler_and_fp16_comm_hook(ranks):
+    exact = torch.tensor([(1 / 3 + 4 / 3) / 2])  # the mean of the ranks' gradients, in float32
+    for report in ranks:
+        grad = report["ddp"]["grad"].flatten()
+        assert report["ddp"]["find_unused_parameters"] is True
+        assert torch.equal(grad, ranks[0]["ddp"]["grad"].flatten())
+        assert torch.equal(grad, grad.half().float()) and not torch.equal(grad, exact)  # reduced in float16
+        assert grad.item() == pytest.approx(exact.item(), rel=1e-3)
+
+
 # ------------------------------------------------------------------------------------------- one process
 def test_one_process_members_and_accelerate_values():
     accelerator = Accelerator(mixed_precision=None, cpu=True)
@@ -260,6 +271,9 @@ def test_free_memory_then_prepare_again_and_automatic_checkpoint_naming(tmp_path
     model = torch.nn.Linear(2, 1)
     prepared = accelerator.prepare(model)
     assert accelerator.free_memory(prepared) == [None]
+    with accelerator.profile(ProfileKwargs(output_trace_dir=str(tmp_path / "trace"))) as profiler:
+        torch.ones(4).sum()
+    assert (tmp_path / "trace" / "profile_0.json").stat().st_size > 0 and profiler.events()
     prepared = accelerator.prepare(model)
     for _ in range(3):
         accelerator.save_state()

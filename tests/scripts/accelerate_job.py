@@ -17,7 +17,9 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from trainer.accelerate import Accelerator, DataLoaderConfiguration, DistributedType  # noqa: E402
+from trainer.accelerate import (  # noqa: E402
+    Accelerator, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType,
+)
 from trainer.accelerate.local_sgd import LocalSGD  # noqa: E402
 from trainer.accelerate.utils import gather_object, set_seed  # noqa: E402
 
@@ -123,6 +125,14 @@ def main() -> None:
             scheduler.step()
             optimizer.zero_grad()
     report["every_call_lr"] = scheduler.get_last_lr()[0]
+
+    # DistributedDataParallelKwargs: DDP's arguments and an fp16-compressing communication hook
+    handler = DistributedDataParallelKwargs(find_unused_parameters=True, comm_hook=DDPCommunicationHookType.FP16)
+    hooked = Accelerator(mixed_precision="no", kwargs_handlers=[handler])
+    model = hooked.prepare(torch.nn.Linear(1, 1, bias=False))
+    hooked.backward(model(torch.tensor([[1 / 3 + rank]])).sum())
+    report["ddp"] = {"find_unused_parameters": model.find_unused_parameters,
+                     "grad": hooked.unwrap_model(model).weight.grad.clone()}  # fmt: skip
     accelerator.end_training()
     torch.save(report, out / f"rank{rank}.pt")
 

@@ -707,7 +707,7 @@ class Engine:
         self._schedulers.clear()
         self._loaders.clear()
         self._param_owner.clear()
-        self.strategy.module = None
+        self.strategy.module = self.strategy.model = None
         self._window.position = 0
         self._window.sync = True
         gc.collect()

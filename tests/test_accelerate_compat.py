@@ -131,6 +131,9 @@ def test_two_processes_ddp_kwargs_handler_and_fp16_comm_hook(ranks):
         assert torch.equal(grad, ranks[0]["ddp"]["grad"].flatten())
         assert torch.equal(grad, grad.half().float()) and not torch.equal(grad, exact)  # reduced in float16
         assert grad.item() == pytest.approx(exact.item(), rel=1e-3)
+        # PowerSGD (plain all-reduce in its first iterations) wrapped in fp16 compression
+        powersgd = report["powersgd_grad"].flatten()
+        assert torch.equal(powersgd, powersgd.half().float()) and powersgd.item() == pytest.approx(exact.item(), rel=1e-3)
 
 
 # ------------------------------------------------------------------------------------------- one process
@@ -301,7 +304,8 @@ def test_process_helpers_in_one_process(tmp_path):
 
 
 def test_skip_first_batches_and_gather_object_in_one_process():
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    assert accelerator.use_stateful_dataloader
     loader = accelerator.prepare(DataLoader(list(range(6)), batch_size=2))
     assert [b.tolist() for b in skip_first_batches(loader, 2)] == [[4, 5]]
     assert [b.tolist() for b in accelerator.skip_first_batches(loader, 1)] == [[2, 3], [4, 5]]

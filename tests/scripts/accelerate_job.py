@@ -133,6 +133,12 @@ def main() -> None:
     hooked.backward(model(torch.tensor([[1 / 3 + rank]])).sum())
     report["ddp"] = {"find_unused_parameters": model.find_unused_parameters,
                      "grad": hooked.unwrap_model(model).weight.grad.clone()}  # fmt: skip
+    wrapped = DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.POWER_SGD,
+                                            comm_wrapper=DDPCommunicationHookType.FP16)  # fmt: skip
+    powersgd = Accelerator(mixed_precision="no", kwargs_handlers=[wrapped])
+    model = powersgd.prepare(torch.nn.Linear(1, 1, bias=False))
+    powersgd.backward(model(torch.tensor([[1 / 3 + rank]])).sum())
+    report["powersgd_grad"] = powersgd.unwrap_model(model).weight.grad.clone()
     accelerator.end_training()
     torch.save(report, out / f"rank{rank}.pt")
 

@@ -24,7 +24,10 @@ __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DistributedDataParallelKwargs",
     "DistributedType", "GradientAccumulationPlugin", "GradScalerKwargs", "InitProcessGroupKwargs", "KwargsHandler",
     "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "find_executable_batch_size", "gather_object",
-    "release_memory", "set_seed", "should_reduce_batch_size", "skip_first_batches",
+    "release_memory", "set_seed", "should_reduce_batch_size", "skip_first_batches", "is_bf16_available",
+    "is_cuda_available", "is_datasets_available", "is_mlflow_available", "is_npu_available", "is_rich_available",
+    "is_schedulefree_available", "is_tensorboard_available", "is_transformers_available", "is_wandb_available",
+    "is_xpu_available",
 ]
 
 # The messages of the out-of-memory errors find_executable_batch_size retries on (CUDA, cuDNN, CPU, HPU).
@@ -48,6 +51,67 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     torch.cuda.manual_seed_all(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def is_schedulefree_available() -> bool:
+    """True when the schedulefree package is installed."""
+    return _installed("schedulefree")
+
+
+def is_tensorboard_available() -> bool:
+    """True when tensorboard (or tensorboardX) is installed."""
+    return _installed("tensorboard") or _installed("tensorboardX")
+
+
+def is_wandb_available() -> bool:
+    """True when wandb is installed."""
+    return _installed("wandb")
+
+
+def is_mlflow_available() -> bool:
+    """True when mlflow is installed."""
+    return _installed("mlflow")
+
+
+def is_rich_available() -> bool:
+    """True when rich is installed."""
+    return _installed("rich")
+
+
+def is_datasets_available() -> bool:
+    """True when Hugging Face datasets is installed."""
+    return _installed("datasets")
+
+
+def is_transformers_available() -> bool:
+    """True when Hugging Face transformers is installed."""
+    return _installed("transformers")
+
+
+def is_cuda_available() -> bool:
+    """True when a CUDA device can be used."""
+    return torch.cuda.is_available()
+
+
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    """True when bfloat16 mixed precision can run: on a CUDA device that supports it, or on the CPU."""
+    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+
+
+def is_xpu_available(check_device: bool = False) -> bool:
+    """True when an Intel XPU can be used."""
+    return hasattr(torch, "xpu") and torch.xpu.is_available()
+
+
+def is_npu_available(check_device: bool = False) -> bool:
+    """True when an Ascend NPU can be used (never here: torch_npu is not supported)."""
+    return False
 
 
 def _rank() -> int:

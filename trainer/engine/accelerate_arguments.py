@@ -139,9 +139,9 @@ class AccelerateArguments:
         else:
             state = None
         if wrapper is DDPCommunicationHookType.FP16:
-            hook = default_hooks.fp16_wrapper(hook)
+            hook = default_hooks.fp16_compress_wrapper(hook)
         elif wrapper is DDPCommunicationHookType.BF16:
-            hook = default_hooks.bf16_wrapper(hook)
+            hook = default_hooks.bf16_compress_wrapper(hook)
         runner.register_comm_hook(state, hook)
 
 

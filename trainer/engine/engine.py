@@ -285,8 +285,8 @@ class Engine:
 
     @property
     def use_stateful_dataloader(self) -> bool:
-        """Always False: prepared loaders resume exactly without it."""
-        return False
+        """``DataLoaderConfiguration.use_stateful_dataloader``: prepared loaders resume exactly either way."""
+        return self._compat.dataloader_config.use_stateful_dataloader
 
     @property
     def split_batches(self) -> bool:

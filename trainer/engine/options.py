@@ -150,9 +150,10 @@ class DataLoaderConfiguration:
     divide by the process count); otherwise whole batches are dealt to the processes in turn. ``even_batches``:
     when the batches do not divide evenly, the first samples are repeated so every process runs equally many
     full batches (``gather_for_metrics`` drops them again); False gives the last processes one batch fewer.
-    ``non_blocking``: copies to the device do not wait. ``dispatch_batches``, ``use_seedable_sampler`` and
-    ``use_stateful_dataloader`` are not supported (an error when set): every process reads its own share, and
-    the Engine's dataloaders resume exactly without a stateful loader.
+    ``non_blocking``: copies to the device do not wait. ``use_stateful_dataloader=True`` is what prepared
+    loaders always do (``save_state`` records their position, ``load_state`` continues there).
+    ``dispatch_batches`` and ``use_seedable_sampler`` are not supported (an error when set): every process reads
+    its own share, and shuffled loaders share their generator's state from rank 0.
     """
 
     split_batches: bool = False
@@ -165,12 +166,12 @@ class DataLoaderConfiguration:
 
     def check(self) -> None:
         """Raise for the settings the Engine cannot honour."""
-        for name in ("dispatch_batches", "use_seedable_sampler", "use_stateful_dataloader"):
+        for name in ("dispatch_batches", "use_seedable_sampler"):
             if getattr(self, name):
                 raise ConfigurationError(
                     f"DataLoaderConfiguration({name}={getattr(self, name)!r}) is not supported by the Engine: every "
-                    "process reads its own share of the data, and prepared dataloaders resume exactly after "
-                    f"load_state without it. Leave {name} at its default."
+                    "process reads its own share of the data, and a shuffled loader's order comes from its "
+                    f"generator, shared from rank 0. Leave {name} at its default."
                 )
 
 

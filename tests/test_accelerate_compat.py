@@ -310,3 +310,44 @@ def test_skip_first_batches_and_gather_object_in_one_process():
     assert [b.tolist() for b in skip_first_batches(loader, 2)] == [[4, 5]]
     assert [b.tolist() for b in accelerator.skip_first_batches(loader, 1)] == [[2, 3], [4, 5]]
     assert gather_object(["a"]) == ["a"]
+
+
+@pytest.mark.parametrize(
+    "n, batch_size, processes, options, expected",
+    [
+        (12, 2, 2, {}, [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10, 11]]]),
+        (10, 4, 3, {}, [[[0, 1, 2, 3]], [[4, 5, 6, 7]], [[8, 9, 0, 1]]]),
+        (10, 4, 2, {"drop_last": True}, [[[0, 1, 2, 3]], [[4, 5, 6, 7]]]),
+        (3, 2, 4, {}, [[[0, 1]], [[2, 0]], [[1, 2]], [[0, 1]]]),  # fewer samples than processes x batch
+        (10, 4, 2, {"split_batches": True}, [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [0, 1]]]),
+        (10, 4, 2, {"split_batches": True, "even_batches": False}, [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7]]]),
+    ],
+)
+def test_accelerates_split_of_a_loader(n, batch_size, processes, options, expected):
+    """The batches each process of an Accelerate job reads (trainer/data/batch_shard.py), built for each rank."""
+    from trainer.data.batch_shard import deal_batches
+
+    drop_last = options.pop("drop_last", False)
+    split, even = options.get("split_batches", False), options.get("even_batches", True)
+    for rank in range(processes):
+        loader = deal_batches(DataLoader(list(range(n)), batch_size=batch_size, drop_last=drop_last), processes, rank,
+                              split, even)  # fmt: skip
+        assert [batch.tolist() for batch in loader] == expected[rank] and len(loader) == len(expected[rank])
+
+
+def test_a_custom_batch_sampler_is_dealt_batch_by_batch_and_a_batchless_loader_is_refused():
+    from trainer.data.batch_shard import deal_batches
+
+    class Buckets:
+        def __iter__(self):
+            return iter([[0], [1, 2], [3, 4, 5], [6]])
+
+        def __len__(self):
+            return 4
+
+    loader = deal_batches(DataLoader(list(range(7)), batch_sampler=Buckets()), 2, 1, False, True)
+    assert [batch.tolist() for batch in loader] == [[1, 2], [6]]
+    with pytest.raises(ConfigurationError, match="batch_size=None"):
+        deal_batches(DataLoader(list(range(7)), batch_size=None), 2, 0, False, True)
+    with pytest.raises(ConfigurationError, match="divisible by 2"):
+        deal_batches(DataLoader(list(range(7)), batch_size=3), 2, 0, True, True)

@@ -53,13 +53,27 @@ class BatchShard(BatchSampler):
 
     def __len__(self) -> int:
         total, processes = len(self.batch_sampler), self.num_processes
-        if self.split_batches or total % processes == 0:
-            return total if self.split_batches else total // processes
+        if self.split_batches:
+            return total - self._misses_last_piece()
+        if total % processes == 0:
+            return total // processes
         if self.drop_last:
             return total // processes
         if self.even_batches:
             return total // processes + 1
         return total // processes + (self.rank < total % processes)
+
+    def _misses_last_piece(self) -> int:
+        """1 when ``even_batches=False`` leaves this process without a piece of a short last batch (Accelerate
+        counts that piece in ``len`` anyway; an honest length lets the last accumulation window end on time)."""
+        if self.drop_last or self.even_batches:
+            return 0
+        try:
+            samples = len(self.batch_sampler.sampler)
+        except (AttributeError, TypeError):
+            return 0
+        short = samples % self.batch_size
+        return int(0 < short <= self.batch_size // self.num_processes * self.rank)
 
     def __iter__(self) -> Iterator[list[Any]]:
         return self._pieces() if self.split_batches else self._dealt()
@@ -155,7 +169,7 @@ def deal_batches(loader: DataLoader, num_processes: int, rank: int, split_batche
         sampler.generator = torch.Generator()
         sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
     batch_sampler = loader.batch_sampler if loader.batch_sampler is not None else sampler
-    if not isinstance(batch_sampler, BatchSampler) and getattr(batch_sampler, "batch_size", None) is None:
+    if loader.batch_sampler is None and not isinstance(sampler, BatchSampler):
         raise ConfigurationError(
             f"prepare() deals whole batches to the processes, but the DataLoader has batch_size=None and a "
             f"{type(batch_sampler).__name__} sampler. Give it a batch_size or a batch_sampler."

@@ -80,6 +80,13 @@ class Engine:
     has joined. A spawn strategy (``"ddp_spawn"``, ``DDPStrategy(start_method="fork")`` in a notebook) starts its
     ranks in :meth:`launch` instead. Under ``trainer run``/``trainer slurm`` the launcher's settings (its config
     file, Accelerate's included, and ``--trainer.*``) fill the arguments the script leaves out.
+
+    The keyword-only arguments are Accelerate's ``Accelerator`` arguments, read into the ones above
+    (:mod:`trainer.engine.accelerate_arguments`): ``mixed_precision`` ("no", "fp16", "bf16"; None leaves
+    ``precision``), ``cpu``, ``gradient_accumulation_steps``/``gradient_accumulation_plugin``, ``log_with``,
+    ``project_config``, ``kwargs_handlers``, ``dataloader_config``/``split_batches`` (Accelerate's split: only
+    with :class:`trainer.accelerate.Accelerator`), ``step_scheduler_with_optimizer`` (False: a prepared scheduler
+    steps at every call), ``device_placement`` and ``rng_types`` (their defaults only).
     """
 
     #: Whose numbers prepared dataloaders, schedulers and gathers give: "trainer" (the Trainer's split and one

@@ -332,7 +332,8 @@ class Engine:
         return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
     # ------------------------------------------------------------------ preparing
-    def prepare(self, *objects: Any, compile: Union[bool, dict[str, Any], None] = None) -> Any:
+    def prepare(self, *objects: Any, compile: Union[bool, dict[str, Any], None] = None,
+                device_placement: Optional[list[bool]] = None) -> Any:
         """Prepare modules, optimizers, dataloaders and LR schedulers; returns them in the order given (one
         object when one was given).
 
@@ -346,6 +347,9 @@ class Engine:
         """
         if not objects:
             raise ConfigurationError("prepare() needs at least one module, optimizer, dataloader or LR scheduler.")
+        if device_placement is not None and not all(device_placement):
+            raise ConfigurationError("prepare(device_placement=[..., False, ...]) is not supported: prepared modules and "
+                                     "batches are always put on engine.device. Leave device_placement out.")  # fmt: skip
         self._require_ready("prepare()")
         compile_options = check_compile(compile, "prepare(compile=...)")
         kinds = [self._kind(obj, index) for index, obj in enumerate(objects)]
@@ -894,6 +898,11 @@ class Engine:
                 return getattr(logger, "experiment", logger) if unwrap else logger
         raise ConfigurationError(f"get_tracker({name!r}): no such tracker; this run has "
                                  f"{[type(logger).__name__ for logger in self.loggers]} (call init_trackers first).")  # fmt: skip
+
+    @property
+    def trackers(self) -> list[Logger]:
+        """The loggers :meth:`init_trackers` created (Accelerate's name for :attr:`loggers`)."""
+        return self.loggers
 
     def log(self, values: dict[str, Any], step: Optional[int] = None) -> None:
         """Send scalar ``values`` (numbers or one-element tensors) to every logger, on global rank 0."""

@@ -136,6 +136,19 @@ def test_two_processes_ddp_kwargs_handler_and_fp16_comm_hook(ranks):
         assert torch.equal(powersgd, powersgd.half().float()) and powersgd.item() == pytest.approx(exact.item(), rel=1e-3)
 
 
+@pytest.mark.timeout(2 * TIMEOUT_S)
+def test_two_processes_resume_mid_epoch_exactly_with_dealt_batches(ranks):
+    """Saved after micro-batch 5 (the first of epoch 1, 4 batches per rank: inside an accumulation window); a run from other
+    weights and RNG loads it (its skip_first_batches call returns the positioned loader) and ends bit for bit
+    where the uninterrupted run ends."""
+    for rank, report in enumerate(ranks):
+        uninterrupted, resumed = report["resume"]["uninterrupted"], report["resume"]["resumed"]
+        assert resumed["seen"] == uninterrupted["seen"][5:], f"rank {rank}: other batches after the resume"
+        assert resumed["lr"] == uninterrupted["lr"]
+        for expected, actual in zip(uninterrupted["weights"], resumed["weights"]):
+            assert torch.equal(expected, actual), f"rank {rank}: weights differ after the resume"
+
+
 # ------------------------------------------------------------------------------------------- one process
 def test_one_process_members_and_accelerate_values():
     accelerator = Accelerator(mixed_precision=None, cpu=True)

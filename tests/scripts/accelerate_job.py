@@ -46,6 +46,33 @@ def lr_after(accelerator: Accelerator, steps: int) -> float:
     return scheduler.get_last_lr()[0]
 
 
+def resumable(accelerator: Accelerator, state: Path, save_at: int = 0, resume: bool = False) -> dict:
+    """Dropout, AdamW, a linear schedule, a shuffled loader dealt in whole batches, accumulation 2: saved after
+    ``save_at`` micro-batches (epoch 1, inside a window) and continued, or resumed from there."""
+    set_seed(123 if resume else 42)  # a resumed run starts from other weights and RNG
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.linspace(-1, 1, 60).reshape(20, 3), torch.linspace(0, 1, 20)[:, None])
+    loader = DataLoader(data, batch_size=3, shuffle=True)  # 7 batches: 4 rounds on 2 processes, the last evened out
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, linear_schedule(optimizer, 40))
+    if resume:
+        accelerator.load_state(state)
+    seen, step = [], 0
+    for _ in range(loader.epoch, 3):
+        for x, y in accelerator.skip_first_batches(loader, 1 if resume and not seen else 0):
+            with accelerator.accumulate(model):
+                accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            seen.append(x[:, 0].tolist())
+            step += 1
+            if step == save_at:
+                accelerator.save_state(state)
+    return {"seen": seen, "weights": [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()],
+            "lr": scheduler.get_last_lr()[0]}  # fmt: skip
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     torch.set_num_threads(1)
@@ -139,6 +166,9 @@ def main() -> None:
     model = powersgd.prepare(torch.nn.Linear(1, 1, bias=False))
     powersgd.backward(model(torch.tensor([[1 / 3 + rank]])).sum())
     report["powersgd_grad"] = powersgd.unwrap_model(model).weight.grad.clone()
+    uninterrupted = resumable(Accelerator(mixed_precision="no", gradient_accumulation_steps=2), out / "state", save_at=5)
+    resumed = resumable(Accelerator(mixed_precision="no", gradient_accumulation_steps=2), out / "state", resume=True)
+    report["resume"] = {"uninterrupted": uninterrupted, "resumed": resumed}
     accelerator.end_training()
     torch.save(report, out / f"rank{rank}.pt")
 

@@ -47,6 +47,11 @@ class BatchShard(BatchSampler):
             )
 
     @property
+    def num_replicas(self) -> int:
+        """The process count (the name a distributed sampler gives it: a resume checks the split is the same)."""
+        return self.num_processes
+
+    @property
     def sampler(self) -> Any:
         """The original sampler (its generator is saved with a checkpoint's data position)."""
         return getattr(self.batch_sampler, "sampler", None)

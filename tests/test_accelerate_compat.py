@@ -364,3 +364,16 @@ def test_a_custom_batch_sampler_is_dealt_batch_by_batch_and_a_batchless_loader_i
         deal_batches(DataLoader(list(range(7)), batch_size=None), 2, 0, False, True)
     with pytest.raises(ConfigurationError, match="divisible by 2"):
         deal_batches(DataLoader(list(range(7)), batch_size=3), 2, 0, True, True)
+
+
+def test_accelerate_logging_and_tqdm(caplog, monkeypatch):
+    from trainer.accelerate.logging import get_logger
+    from trainer.accelerate.utils import tqdm
+
+    logger = get_logger("h27.accelerate", log_level="INFO")
+    with caplog.at_level("INFO", logger="h27.accelerate"):
+        logger.info("on rank 0")
+        logger.info("everywhere", main_process_only=False)
+    assert [r.getMessage() for r in caplog.records] == ["[RANK 0] on rank 0", "[RANK 0] everywhere"]
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert tqdm(range(3)).disable and not tqdm(range(3), main_process_only=False).disable

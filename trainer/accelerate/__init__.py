@@ -1,6 +1,7 @@
 """Hugging Face Accelerate's API on this framework: a script migrates by changing its imports only,
 ``from accelerate import ...`` → ``from trainer.accelerate import ...`` (and ``accelerate.utils`` →
-``trainer.accelerate.utils``, ``accelerate.local_sgd`` → ``trainer.accelerate.local_sgd``).
+``trainer.accelerate.utils``, ``accelerate.local_sgd`` → ``trainer.accelerate.local_sgd``, ``accelerate.logging`` →
+``trainer.accelerate.logging``).
 
 :class:`Accelerator` is the :class:`~trainer.engine.Engine` with Accelerate's numbers: whole batches dealt to the
 processes in turn, LR schedulers stepped once per process for each optimizer step, ``gather_for_metrics`` as

@@ -27,7 +27,7 @@ __all__ = [
     "release_memory", "set_seed", "should_reduce_batch_size", "skip_first_batches", "is_bf16_available",
     "is_cuda_available", "is_datasets_available", "is_mlflow_available", "is_npu_available", "is_rich_available",
     "is_schedulefree_available", "is_tensorboard_available", "is_transformers_available", "is_wandb_available",
-    "is_xpu_available",
+    "is_xpu_available", "tqdm",
 ]
 
 # The messages of the out-of-memory errors find_executable_batch_size retries on (CUDA, cuDNN, CPU, HPU).
@@ -51,6 +51,15 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     torch.cuda.manual_seed_all(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm(*args, **kwargs)``, shown on local rank 0 only unless ``main_process_only=False``."""
+    from tqdm.auto import tqdm as bar
+
+    if main_process_only:
+        kwargs["disable"] = kwargs.get("disable", False) or int(os.environ.get("LOCAL_RANK", 0)) != 0
+    return bar(*args, **kwargs)
 
 
 def _installed(name: str) -> bool:

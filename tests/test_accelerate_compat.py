@@ -5,6 +5,7 @@ two gloo processes started by ``trainer run --config`` with the file ``accelerat
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,7 @@ def test_two_processes_members_and_config_file_precedence(ranks):
     for rank, report in enumerate(ranks):
         # Accelerator() leaves the file's mixed_precision: bf16; Accelerator(mixed_precision="no") overrides it.
         assert report["file"] == {"mixed_precision": "bf16", "device": "cpu"}
+        assert report["group_timeout"] == timedelta(seconds=321)  # InitProcessGroupKwargs
         assert report["members"] == {
             "mixed_precision": "no", "distributed_type": DistributedType.MULTI_CPU, "is_multi_cpu": True,
             "num_processes": 2, "process_index": rank, "use_distributed": True, "is_main_process": rank == 0,

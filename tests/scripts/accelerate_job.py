@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from trainer.accelerate import (  # noqa: E402
     Accelerator, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType,
+    InitProcessGroupKwargs,
 )
 from trainer.accelerate.local_sgd import LocalSGD  # noqa: E402
 from trainer.accelerate.utils import gather_object, set_seed  # noqa: E402
@@ -79,8 +81,10 @@ def main() -> None:
     faulthandler.dump_traceback_later(100, exit=True)
     report: dict = {}
 
-    defaults = Accelerator()  # everything from the config file
+    # everything from the config file; the first Accelerator starts the process group, with this timeout
+    defaults = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=321))])
     report["file"] = {"mixed_precision": defaults.mixed_precision, "device": str(defaults.device)}
+    report["group_timeout"] = defaults.strategy.timeout  # what the strategy passed to init_process_group
 
     accelerator = Accelerator(mixed_precision="no", cpu=False)
     rank = accelerator.process_index

@@ -379,3 +379,13 @@ def test_accelerate_logging_and_tqdm(caplog, monkeypatch):
     assert [r.getMessage() for r in caplog.records] == ["[RANK 0] on rank 0", "[RANK 0] everywhere"]
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert tqdm(range(3)).disable and not tqdm(range(3), main_process_only=False).disable
+
+
+@pytest.mark.timeout(2 * TIMEOUT_S)
+def test_notebook_launcher_and_debug_launcher_fork_processes_that_join(tmp_path):
+    finish(start([sys.executable, str(ROOT / "tests" / "scripts" / "notebook_job.py"), str(tmp_path)], clean_env(),
+                 tmp_path), TIMEOUT_S)  # fmt: skip
+    for name, precision in (("notebook", "bf16"), ("debug", "no")):
+        for rank in (0, 1):
+            report = torch.load(tmp_path / f"{name}{rank}.pt")
+            assert report == {"rank": rank, "world": 2, "sum": 3.0, "mixed_precision": precision, "device": "cpu"}

@@ -8,6 +8,7 @@ processes in turn, LR schedulers stepped once per process for each optimizer ste
 Accelerate's. See docs/migrating_from_accelerate.md.
 """
 from trainer.accelerate.accelerator import Accelerator
+from trainer.accelerate.launchers import debug_launcher, notebook_launcher
 from trainer.accelerate.local_sgd import LocalSGD
 from trainer.accelerate.utils import (
     AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
@@ -19,5 +20,5 @@ __all__ = [
     "Accelerator", "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType",
     "DistributedDataParallelKwargs", "DistributedType", "GradientAccumulationPlugin", "GradScalerKwargs",
     "InitProcessGroupKwargs", "LocalSGD", "ProfileKwargs", "ProjectConfiguration", "find_executable_batch_size",
-    "skip_first_batches",
+    "skip_first_batches", "notebook_launcher", "debug_launcher",
 ]

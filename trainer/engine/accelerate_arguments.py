@@ -46,6 +46,8 @@ class AccelerateArguments:
              gradient_accumulation_plugin: Any, device_placement: Any, rng_types: Any) -> "AccelerateArguments":  # fmt: skip
         """Check Accelerate's arguments and fold them into the Engine's; ``engine`` decides which data split
         (its ``numbers``) the dataloader settings may ask for."""
+        if mixed_precision is None and os.environ.get("ACCELERATE_MIXED_PRECISION") and precision == "32-true":
+            mixed_precision = os.environ["ACCELERATE_MIXED_PRECISION"]  # set by notebook_launcher
         if mixed_precision is not None:
             mapped = precision_from_mixed_precision(mixed_precision)
             if precision not in ("32-true", mapped):

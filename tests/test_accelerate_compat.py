@@ -300,6 +300,15 @@ def test_free_memory_then_prepare_again_and_automatic_checkpoint_naming(tmp_path
     assert config.iteration == 3
 
 
+def test_partial_state_for_distributed_inference():
+    from trainer.accelerate import PartialState
+
+    state = PartialState(cpu=True)
+    with state.split_between_processes(["a", "b", "c"]) as prompts:
+        assert prompts == ["a", "b", "c"] and state.process_index == 0 and state.is_main_process
+    state.destroy_process_group()
+
+
 def test_process_helpers_in_one_process(tmp_path):
     accelerator = Accelerator(cpu=True, log_with="csv", project_dir=tmp_path)
     with accelerator.split_between_processes({"a": [1, 2], "b": [3, 4]}) as share:

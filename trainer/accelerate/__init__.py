@@ -7,7 +7,7 @@
 processes in turn, LR schedulers stepped once per process for each optimizer step, ``gather_for_metrics`` as
 Accelerate's. See docs/migrating_from_accelerate.md.
 """
-from trainer.accelerate.accelerator import Accelerator
+from trainer.accelerate.accelerator import Accelerator, PartialState
 from trainer.accelerate.launchers import debug_launcher, notebook_launcher
 from trainer.accelerate.local_sgd import LocalSGD
 from trainer.accelerate.utils import (
@@ -20,5 +20,5 @@ __all__ = [
     "Accelerator", "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType",
     "DistributedDataParallelKwargs", "DistributedType", "GradientAccumulationPlugin", "GradScalerKwargs",
     "InitProcessGroupKwargs", "LocalSGD", "ProfileKwargs", "ProjectConfiguration", "find_executable_batch_size",
-    "skip_first_batches", "notebook_launcher", "debug_launcher",
+    "skip_first_batches", "notebook_launcher", "debug_launcher", "PartialState",
 ]

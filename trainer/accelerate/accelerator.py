@@ -22,3 +22,14 @@ class Accelerator(Engine):
     """
 
     numbers = "accelerate"
+
+
+class PartialState(Accelerator):
+    """Accelerate's ``PartialState`` (the process topology without training): ``device``, ``num_processes``,
+    ``process_index``, ``is_main_process``, ``split_between_processes``, ``main_process_first``,
+    ``wait_for_everyone``, ``on_main_process``, ``print``, ... For distributed inference scripts. Each instance joins
+    the job as an ``Accelerator`` does (Accelerate's instances share one state; here creating it twice is harmless)."""
+
+    def destroy_process_group(self, group: object = None) -> None:
+        """Leave the job: destroy the process group (every process must call it)."""
+        self.strategy.teardown()

@@ -652,9 +652,12 @@ class Engine:
             return gathered[:remainder] if isinstance(gathered, (list, tuple)) else gathered
         return _apply_to_tensors(gathered, lambda t: t[:remainder] if t.dim() else t)
 
-    def reduce(self, data: Any, reduction: str = "sum") -> Any:
+    def reduce(self, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Tensors reduced over ranks: ``"sum"`` (Accelerate's default), ``"mean"``, ``"max"``, ``"min"`` or
-        ``"none"``. Every rank must call it."""
+        ``"none"``. Every rank must call it. ``scale`` (Accelerate's, applied on TPUs only) must stay 1.0."""
+        if scale != 1.0:
+            raise ConfigurationError(f"reduce(scale={scale}) is not supported (Accelerate applies it on TPUs only); "
+                                     "multiply the result instead.")  # fmt: skip
         if reduction not in _REDUCTIONS:
             raise ConfigurationError(f"reduce(reduction={reduction!r}) is not supported. Use one of {_REDUCTIONS}.")
         if reduction == "none":

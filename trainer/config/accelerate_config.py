@@ -102,7 +102,8 @@ def translate_accelerate_config(data: Mapping[str, Any], source: str = "config")
         if key in data and data[key] not in inert:
             raise read.fail(key, f"{data[key]!r} cannot be honoured here (only {inert[0]!r}); remove the key.")
 
-    kind = str(data.get("distributed_type", "NO")).upper()
+    kind = data.get("distributed_type", "NO")
+    kind = "NO" if kind is False else str(kind).upper()  # YAML reads an unquoted NO as False
     if kind not in DISTRIBUTED_TYPES:
         raise read.fail("distributed_type", f"{kind} is not supported; use one of {', '.join(DISTRIBUTED_TYPES)}.")
     machines = read.int_at_least("num_machines", 1, 1)

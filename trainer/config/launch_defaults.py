@@ -22,6 +22,19 @@ from trainer.config.launch_env import (  # noqa: F401  (ENV_*, resolved_argument
 )
 
 
+def launch_aliases(**aliases: tuple[Any, ...]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Mark arguments that set another one, as ``name=(target, *unset_values)`` (``mixed_precision=("precision",
+    None)``): put beneath :func:`with_launch_defaults`. The alias counts as the script's setting of its target only
+    when passed with a value not in ``unset_values``, so a script's default (``mixed_precision=None``,
+    ``cpu=False``) leaves the launcher's setting in place, as Accelerate's config file does."""
+
+    def mark(init: Callable[..., None]) -> Callable[..., None]:
+        init._launch_aliases = dict(aliases)  # type: ignore[attr-defined]
+        return init
+
+    return mark
+
+
 def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
     """Decorate ``Trainer.__init__`` (or ``Engine.__init__``): in a launched process the launcher's settings fill
     every argument the script did not pass; an argument the script passes wins, with a warning when the launcher
@@ -32,6 +45,7 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
     open_keywords = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     decorated_parameters[owner] = tuple(name for name in signature.parameters if name != "self")
     decorated_inits[owner] = init
+    aliases: dict[str, tuple[Any, ...]] = getattr(init, "_launch_aliases", {})
 
     @functools.wraps(init)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -41,8 +55,13 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
             from trainer.config.yaml_config import instantiate, trainer_settings
 
             explicit = signature.bind_partial(self, *args, **kwargs).arguments
+            # An alias the script set (not to its default) is the script's setting of its target.
+            set_by_alias = {target for alias, (target, *unset) in aliases.items()
+                            if alias in explicit and not any(explicit[alias] is u or explicit[alias] == u for u in unset)}
             for key, value in trainer_settings(os.environ.get(ENV_CONFIG)).items():
                 if key not in accepted:
+                    continue
+                if key in set_by_alias and key not in explicit:
                     continue
                 if key not in explicit:
                     kwargs[key] = instantiate(value)

@@ -8,14 +8,17 @@ the dataloader one counter and one flag per batch.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DistributedSampler
 
 from trainer.data.loaders import loader_length
+from trainer.strategies.errors import ConfigurationError
 from trainer.checkpoint.data_position import TrainDataPosition
 from trainer.reproducibility.seed import restore_rng_state
 
@@ -55,12 +58,29 @@ class AccumulationWindow:
 
 class LoaderState:
     """What the prepared dataloaders tell the Engine about the batch just yielded: on a last batch evened out
-    by the distributed sampler, how many ranks' batches end with a repeated sample (0 otherwise)."""
+    by the distributed sampler, how many ranks' batches end with a repeated sample (0 otherwise); under
+    Accelerate's split, on a last batch, how many of the gathered samples are the dataset's (``remainder``, 0
+    otherwise)."""
 
-    __slots__ = ("padded_ranks",)
+    __slots__ = ("padded_ranks", "remainder")
 
     def __init__(self) -> None:
         self.padded_ranks = 0
+        self.remainder = 0
+
+
+def dealt_remainder(loader: Any) -> int:
+    """Accelerate's ``remainder`` of a loader: the dataset's length modulo the samples all processes read per
+    step (0 when they divide, the loader drops its last batch, or its length is unknown)."""
+    from trainer.data.batch_shard import total_batch_size
+
+    step = total_batch_size(loader)
+    if not step or getattr(loader, "drop_last", False):
+        return 0
+    try:
+        return len(loader.dataset) % step
+    except TypeError:
+        return 0
 
 
 def padded_ranks(loader: Any) -> int:
@@ -117,6 +137,16 @@ class EngineOptimizer(Optimizer):
     def defaults(self, value: dict[str, Any]) -> None:
         self.optimizer.defaults = value
 
+    def train(self) -> None:
+        """Put the wrapped optimizer in training mode, for optimizers that have one (schedule-free ones)."""
+        if callable(getattr(self.optimizer, "train", None)):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        """Put the wrapped optimizer in evaluation mode, for optimizers that have one (schedule-free ones)."""
+        if callable(getattr(self.optimizer, "eval", None)):
+            self.optimizer.eval()
+
     def step(self, closure: Optional[Callable[[], Any]] = None) -> None:  # type: ignore[override]
         """Step through the strategy at the end of an accumulation window; a no-op inside one."""
         if not self._window.sync:
@@ -152,19 +182,34 @@ class EngineOptimizer(Optimizer):
 
 class EngineScheduler:
     """A prepared LR scheduler: ``step()`` runs only when its optimizer stepped, i.e. at the end of an
-    accumulation window and not after a step the gradient scaler skipped. One scheduler step per optimizer
-    step, as in the Trainer (Accelerate steps it once per process instead; see docs/migrating_from_accelerate.md)."""
+    accumulation window and not after a step the gradient scaler skipped. ``steps`` scheduler steps per optimizer
+    step: 1 as in the Trainer, the process count under Accelerate's numbers (a schedule written for one process
+    then ends on time with each process reading its own batches). ``with_optimizer=False``: every ``step()``
+    steps, whatever the optimizer did."""
 
-    def __init__(self, scheduler: Any, optimizer: Optional[EngineOptimizer], window: AccumulationWindow) -> None:
+    def __init__(self, scheduler: Any, optimizer: Optional[EngineOptimizer], window: AccumulationWindow,
+                 steps: int = 1, with_optimizer: bool = True) -> None:  # fmt: skip
         self.scheduler = scheduler
         self._optimizer = optimizer
         self._window = window
+        self._steps = steps
+        self._with_optimizer = with_optimizer
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the wrapped scheduler if its optimizer has just stepped."""
+        if not self._with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
         if not self._window.sync or (self._optimizer is not None and self._optimizer.step_was_skipped):
             return
-        self.scheduler.step(*args, **kwargs)
+        if self._steps == 1:
+            self.scheduler.step(*args, **kwargs)
+            return
+        scheduler = self.scheduler
+        total = getattr(scheduler, "total_steps", None)  # OneCycleLR raises when stepped past its end
+        for _ in range(self._steps):
+            if total is None or scheduler._step_count <= total:
+                scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
         """The learning rates the wrapped scheduler set last."""
@@ -198,12 +243,18 @@ class EngineDataLoader:
     """
 
     def __init__(self, loader: Any, strategy: "Strategy", window: Optional[AccumulationWindow],
-                 state: Optional[LoaderState] = None) -> None:  # fmt: skip
+                 state: Optional[LoaderState] = None, accelerate_numbers: bool = False) -> None:  # fmt: skip
         self.loader = loader
         self._strategy = strategy
         self._window = window
         self._state = state if state is not None else LoaderState()
-        self._padded_ranks = padded_ranks(loader)
+        self._padded_ranks = 0 if accelerate_numbers else padded_ranks(loader)
+        self._remainder = dealt_remainder(loader) if accelerate_numbers else 0
+        # A shuffled loader split across processes: its generator's state comes from rank 0 each epoch, so every
+        # process draws the same order even without a common seed (as Accelerate synchronizes it).
+        sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+        shared = getattr(sampler, "generator", None) if accelerate_numbers and strategy.world_size > 1 else None
+        self._shared_generator = shared if isinstance(shared, torch.Generator) else None
         self.epoch = 0
         self.batch_in_epoch = 0
         self._position = TrainDataPosition()
@@ -217,11 +268,18 @@ class EngineDataLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
+    @property
+    def resuming(self) -> bool:
+        """True when ``load_state`` positioned this loader and its next pass continues mid-epoch."""
+        return self._resume is not None and bool(self._resume["batch_in_epoch"])
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` epoch ``epoch`` (the sampler's shuffle order follows it)."""
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[Any]:
+        if self._shared_generator is not None:
+            self._shared_generator.set_state(self._strategy.broadcast(self._shared_generator.get_state(), 0))
         resume, self._resume = self._resume, None
         if resume is not None and resume["epoch"] == self.epoch and resume["batch_in_epoch"]:
             skip = resume["batch_in_epoch"]
@@ -237,7 +295,7 @@ class EngineDataLoader:
         to_device = self._strategy.batch_to_device
         window = self._window
         total = loader_length(self.loader)
-        padded, state = self._padded_ranks, self._state
+        padded, remainder, state = self._padded_ranks, self._remainder, self._state
         if not math.isinf(total):
             for batch in iterator:
                 index += 1
@@ -246,8 +304,10 @@ class EngineDataLoader:
                     window.end_of_data = index >= total
                 if padded:
                     state.padded_ranks = padded if index >= total else 0
+                if remainder:
+                    state.remainder = remainder if index >= total else 0
                 yield to_device(batch)
-            state.padded_ranks = 0
+            state.padded_ranks = state.remainder = 0
         else:  # no length: look one batch ahead to know which is the last
             batch = next(iterator, _END)
             while batch is not _END:
@@ -280,6 +340,36 @@ class EngineDataLoader:
 
     def __repr__(self) -> str:
         return f"EngineDataLoader({self.loader!r}, epoch={self.epoch}, batch_in_epoch={self.batch_in_epoch})"
+
+
+class _Skipped:
+    """A prepared dataloader whose passes start ``skip`` batches in (the skipped ones are read and dropped)."""
+
+    def __init__(self, loader: Any, skip: int) -> None:
+        self.loader = loader
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.loader), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.loader) - self.skip)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
+def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """``dataloader`` starting ``num_batches`` batches in. A prepared dataloader that ``load_state`` has just
+    positioned already continues at the saved batch, so it is returned as it is (skipping again would lose
+    batches)."""
+    if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
+        raise ConfigurationError(f"skip_first_batches(num_batches={num_batches!r}) must be an int >= 0.")
+    if num_batches == 0 or getattr(dataloader, "resuming", False):
+        return dataloader
+    return _Skipped(dataloader, num_batches)
 
 
 class AutocastForward:

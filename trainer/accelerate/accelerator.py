@@ -1,0 +1,35 @@
+"""``Accelerator``: the Engine with Accelerate's numbers."""
+from __future__ import annotations
+
+from trainer.engine.engine import Engine
+
+
+class Accelerator(Engine):
+    """The :class:`~trainer.engine.Engine` (every argument and member, Accelerate's names among them:
+    ``mixed_precision``, ``cpu``, ``gradient_accumulation_steps``, ``log_with``, ``kwargs_handlers``,
+    ``dataloader_config``, ``step_scheduler_with_optimizer``, ...), giving Accelerate's numbers:
+
+    - prepared dataloaders deal whole batches of the original loader to the processes in turn (rank 0 of 2 reads
+      batches 0, 2, 4, ...), or cut each batch into one piece per process with ``split_batches=True``; with
+      ``even_batches`` (the default) the first samples complete the last round;
+    - a prepared LR scheduler steps once per process for each optimizer step (once with ``split_batches``; at
+      every call with ``step_scheduler_with_optimizer=False``);
+    - ``gather`` returns its input in a one-process job, and ``gather_for_metrics`` keeps, on a loader's last
+      batch, the first ``len(dataset) % samples_per_step`` gathered rows.
+
+    The Engine's exact mid-epoch resume stays: after ``load_state`` a prepared dataloader continues at the batch
+    where the saved run stood (no ``skip_first_batches`` needed).
+    """
+
+    numbers = "accelerate"
+
+
+class PartialState(Accelerator):
+    """Accelerate's ``PartialState`` (the process topology without training): ``device``, ``num_processes``,
+    ``process_index``, ``is_main_process``, ``split_between_processes``, ``main_process_first``,
+    ``wait_for_everyone``, ``on_main_process``, ``print``, ... For distributed inference scripts. Each instance joins
+    the job as an ``Accelerator`` does (Accelerate's instances share one state; here creating it twice is harmless)."""
+
+    def destroy_process_group(self, group: object = None) -> None:
+        """Leave the job: destroy the process group (every process must call it)."""
+        self.strategy.teardown()

@@ -205,7 +205,7 @@ class NDParallelStrategy(FSDPStrategy):
                 root = _Root(module)
                 fully_shard(root, **options)
         if deferred:
-            materialize(module, self.root_device, seed=self._init_seed())
+            materialize(module, self.root_device)
             self._sync_replicas(module)
         elif dp_mesh is None:
             module.to(self.root_device)

@@ -40,6 +40,8 @@ OVERWRITES = frozenset({
 #: memory if its result is not needed) so that later draws see the generator as the eager build did.
 _RANDOM = ("rand", "normal", "uniform", "bernoulli", "multinomial", "exponential", "cauchy", "geometric",
            "orthogonal", "sparse", "kaiming", "xavier", "dropout", "poisson")  # fmt: skip
+#: In-place by name, but they change flags, not values.
+_NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad", "rename_"})
 _INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
                               "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})  # fmt: skip
 
@@ -109,8 +111,9 @@ class Recording:
     keep: list = field(default_factory=list)  # the meta tensors referred to, so their storages stay distinct
 
 
-# (module, name) -> (recording, ref) of every parameter and buffer registered while recording
-_ORIGINS: "weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[Recording, _Ref]]]" = weakref.WeakKeyDictionary()
+# (module, name) -> (recording, the meta tensor registered) of every parameter and buffer registered while
+# recording; the tensor's storage is read at materialisation (``param.data = ...`` may have rebound it)
+_ORIGINS: "weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[Recording, torch.Tensor]]]" = weakref.WeakKeyDictionary()
 
 
 class InitRecorder(TorchFunctionMode):
@@ -144,8 +147,8 @@ class InitRecorder(TorchFunctionMode):
         if tensor is None:
             origins.pop(name, None)
         elif _is_plain(tensor) and tensor.is_meta and _key(tensor) in self.recording.storages:
-            origins[name] = (self.recording, _Ref.of(tensor))
-        elif not _is_plain(tensor) and name in origins and tuple(tensor.shape) == origins[name][1].size:
+            origins[name] = (self.recording, tensor)
+        elif not _is_plain(tensor) and name in origins and tensor.shape == origins[name][1].shape:
             pass  # a DTensor replacing the recorded tensor (tensor parallel): its full value is the recorded one
         else:
             origins.pop(name, None)
@@ -196,8 +199,11 @@ class InitRecorder(TorchFunctionMode):
 
 
 def inplace_target(name: str, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """The tensor whose values the call ``name`` writes in place, if any."""
     if isinstance(kwargs.get("out"), torch.Tensor):
         return kwargs["out"]
+    if name in _NOT_WRITES:
+        return None
     if name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("_")):
         first = kwargs.get("tensor", args[0] if args else None)
         return first if isinstance(first, torch.Tensor) else None
@@ -227,13 +233,15 @@ def _freeze(value: Any) -> Any:
 def origins_of(module: nn.Module) -> dict[str, tuple[Recording, _Ref]]:
     """Fully-qualified names of ``module``'s meta tensors that have a recorded origin, with that origin."""
     found = {}
-    for owner_name, owner in module.named_modules():
+    for owner_name, owner in module.named_modules(remove_duplicate=False):
         origins = _ORIGINS.get(owner)
         if not origins:
             continue
         for name, tensor in itertools.chain(owner._parameters.items(), owner._buffers.items()):
             if tensor is not None and name in origins:
-                found[f"{owner_name}.{name}" if owner_name else name] = origins[name]
+                recording, registered = origins[name]
+                if registered.is_meta and _key(registered) in recording.storages:
+                    found[f"{owner_name}.{name}" if owner_name else name] = (recording, _Ref.of(registered))
     return found
 
 

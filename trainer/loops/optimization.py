@@ -110,12 +110,14 @@ class AutomaticOptimization:
         self.custom_step = _OverriddenStep(self) if overrides(module, TrainModule, "optimizer_step") else None
         self.custom_zero_grad = overrides(module, TrainModule, "optimizer_zero_grad")
         self.last_loss: Optional[Tensor] = None
+        # The module's backward_context() (e.g. loss_parallel()), entered around forward and backward; None if not given.
+        self.backward_context = module.backward_context if overrides(module, TrainModule, "backward_context") else None
         # Nothing between training_step and the torch calls would act: no hook of the step, clipping, custom step,
         # scheduler stepped per step, or strategy/precision layer (see Strategy.plain_steps).
         self.plain = (
             optimizer is not None and trainer.strategy.plain_steps and self.custom_step is None
             and not self.custom_zero_grad and not self.custom_clipping and not self.clip_val
-            and not self.counter.step_schedulers
+            and not self.counter.step_schedulers and self.backward_context is None
             and all(hook is None for hook in (self.before_backward, self.after_backward,
                                               self.before_optimizer_step, self.before_zero_grad))
         )  # fmt: skip
@@ -133,11 +135,11 @@ class AutomaticOptimization:
         return self._run_plain
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
-        if self.sync_context:
-            with self.strategy.backward_sync(window_end):
-                output = self.forward_backward(batch, batch_idx)
+        if self.backward_context is not None:
+            with self.backward_context():
+                output = self._synced_forward_backward(batch, batch_idx, window_end)
         else:
-            output = self.forward_backward(batch, batch_idx)
+            output = self._synced_forward_backward(batch, batch_idx, window_end)
         if window_end:
             if self.window_has_loss and self.optimizer is not None:
                 if self.custom_step is not None:
@@ -146,6 +148,12 @@ class AutomaticOptimization:
                     self.step(batch_idx)
             self.window_has_loss = False
         return output
+
+    def _synced_forward_backward(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
+        if self.sync_context:
+            with self.strategy.backward_sync(window_end):
+                return self.forward_backward(batch, batch_idx)
+        return self.forward_backward(batch, batch_idx)
 
     def forward_backward(self, batch: Any, batch_idx: int) -> Any:
         """``training_step`` and the backward of its loss; returns what ``training_step`` returned."""
@@ -277,10 +285,16 @@ class ManualOptimization:
     def __init__(self, trainer: "LoopHost") -> None:
         self.strategy = trainer.strategy
         self.pass_batch_idx = takes_batch_idx(trainer.module.training_step)
+        module = trainer.module
+        self.backward_context = module.backward_context if overrides(module, TrainModule, "backward_context") else None
 
     def runner(self, accumulate: int) -> Callable[[Any, int, bool], Any]:
         """The step function for an epoch (the user steps, so accumulation changes nothing here)."""
-        return self.run
+        return self.run if self.backward_context is None else self._run_in_context
+
+    def _run_in_context(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
+        with self.backward_context():
+            return self.run(batch, batch_idx, window_end)
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
         if self.pass_batch_idx:

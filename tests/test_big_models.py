@@ -169,3 +169,36 @@ def test_an_init_that_cannot_be_replayed_is_refused_with_the_reason():
     with pytest.raises(ConfigurationError, match="cannot be replayed.*not built while recording"):
         materialize(module, torch.device("cpu"))
 
+
+
+class Stack(torch.nn.Module):
+    """Layers initialised twice (their reset_parameters, then the model's own _init_weights), as nanoGPT does."""
+
+    def __init__(self, layers: int = 8, width: int = 64) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=0.02)
+            torch.nn.init.zeros_(module.bias)
+
+
+def test_the_replay_holds_about_one_full_parameter_and_follows_a_conversion_after_the_build():
+    from trainer.strategies.precision.plugins import Precision
+    from trainer.strategies.speed.deferred_init import materialize, module_init_context
+    from trainer.strategies.speed.init_recording import origins_of
+
+    torch.manual_seed(0)
+    eager = Stack().to(torch.float64)
+    torch.manual_seed(0)
+    with module_init_context(torch.device("cpu"), Precision(), None, meta=True):
+        module = Stack()
+    module.to(torch.float64)  # e.g. the precision's conversion, after the build
+    recording = next(iter(origins_of(module).values()))[0]
+    materialize(module, torch.device("cpu"))
+    for name, value in eager.state_dict().items():
+        assert module.state_dict()[name].dtype == torch.float64 and torch.equal(module.state_dict()[name], value), name
+    weight = 64 * 64 * 4
+    assert weight <= recording.replay_peak_bytes <= 2 * weight  # not the 8 layers' 8 weights

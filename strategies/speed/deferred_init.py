@@ -161,7 +161,9 @@ class FullTensorInit(TorchFunctionMode):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         target = inplace_target(name, args, kwargs)
-        if target is None or not _is_dtensor(target) or name not in OVERWRITES:
+        if target is None or not _is_dtensor(target) or name not in OVERWRITES or any(
+            _is_dtensor(value) and value is not target for value in itertools.chain(args, kwargs.values())
+        ):  # (a DTensor source: the code distributes its values itself)
             return func(*args, **kwargs)
         full = torch.empty(target.shape, dtype=target.dtype, device=target.to_local().device)
         swap = lambda value: full if value is target else value  # noqa: E731

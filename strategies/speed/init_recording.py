@@ -51,8 +51,8 @@ def _key(tensor: torch.Tensor) -> int:
 
 
 def _is_plain(tensor: Any) -> bool:
-    return isinstance(tensor, torch.Tensor) and (type(tensor) is torch.Tensor or type(tensor) is nn.Parameter
-                                                 or isinstance(tensor, nn.Buffer if hasattr(nn, "Buffer") else ()))  # fmt: skip
+    """A tensor holding its own data (``Tensor``, ``Parameter``), not a wrapper such as a ``DTensor``."""
+    return isinstance(tensor, torch.Tensor) and type(tensor).__torch_dispatch__ is torch.Tensor.__torch_dispatch__
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,15 @@ class Recording:
     cuda_rng: Optional[list] = None
     default_dtype: torch.dtype = torch.float32
     unhonoured: list = field(default_factory=list)  # why the recording cannot reproduce the build, if it cannot
+    replay_peak_bytes: int = 0  # after replay: the most bytes of full tensors it held at once
     keep: list = field(default_factory=list)  # the meta tensors referred to, so their storages stay distinct
 
 
-# (module, name) -> (recording, the meta tensor registered) of every parameter and buffer registered while
-# recording; the tensor's storage is read at materialisation (``param.data = ...`` may have rebound it)
-_ORIGINS: "weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[Recording, torch.Tensor]]]" = weakref.WeakKeyDictionary()
+# (module, name) -> [recording, the meta tensor registered, its _Ref when the build ended] of every parameter and
+# buffer registered while recording. The tensor's storage is read at materialisation (``param.data = ...`` in the
+# build may have rebound it); if a conversion after the build rebound it (the precision's ``module.to(dtype)``),
+# the value recorded at the end of the build is used, converted when it is written.
+_ORIGINS: "weakref.WeakKeyDictionary[nn.Module, dict[str, list]]" = weakref.WeakKeyDictionary()
 
 
 class InitRecorder(TorchFunctionMode):
@@ -123,6 +126,7 @@ class InitRecorder(TorchFunctionMode):
         super().__init__()
         self.recording = Recording()
         self._handles: list[Any] = []
+        self._entries: list[list] = []  # the _ORIGINS entries this recorder made
 
     def __enter__(self) -> "InitRecorder":
         rec = self.recording
@@ -140,6 +144,11 @@ class InitRecorder(TorchFunctionMode):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for entry in self._entries:
+            tensor = entry[1]
+            if tensor.is_meta and _key(tensor) in self.recording.storages:
+                entry[2] = _Ref.of(tensor)
+        self._entries = []
         return super().__exit__(*exc)
 
     def _registered(self, module: nn.Module, name: str, tensor: Optional[torch.Tensor]) -> None:
@@ -147,7 +156,8 @@ class InitRecorder(TorchFunctionMode):
         if tensor is None:
             origins.pop(name, None)
         elif _is_plain(tensor) and tensor.is_meta and _key(tensor) in self.recording.storages:
-            origins[name] = (self.recording, tensor)
+            origins[name] = [self.recording, tensor, None]
+            self._entries.append(origins[name])
         elif not _is_plain(tensor) and name in origins and tensor.shape == origins[name][1].shape:
             pass  # a DTensor replacing the recorded tensor (tensor parallel): its full value is the recorded one
         else:
@@ -239,9 +249,11 @@ def origins_of(module: nn.Module) -> dict[str, tuple[Recording, _Ref]]:
             continue
         for name, tensor in itertools.chain(owner._parameters.items(), owner._buffers.items()):
             if tensor is not None and name in origins:
-                recording, registered = origins[name]
+                recording, registered, at_end = origins[name]
                 if registered.is_meta and _key(registered) in recording.storages:
-                    found[f"{owner_name}.{name}" if owner_name else name] = (recording, _Ref.of(registered))
+                    at_end = _Ref.of(registered)
+                if at_end is not None:
+                    found[f"{owner_name}.{name}" if owner_name else name] = (recording, at_end)
     return found
 
 
@@ -284,6 +296,14 @@ def replay(recording: Recording, targets: dict[int, list[tuple[_Ref, Callable[[t
         released.setdefault(i, []).append(k)
     values: dict[int, torch.Tensor] = {}
 
+    total = 0
+    recording.replay_peak_bytes = 0
+
+    def held(tensor: torch.Tensor, sign: int = 1) -> None:
+        nonlocal total
+        total += sign * tensor.untyped_storage().nbytes()
+        recording.replay_peak_bytes = max(recording.replay_peak_bytes, total)
+
     def alloc(ref: _Ref) -> torch.Tensor:
         return torch.empty_strided(ref.size, ref.stride, dtype=ref.dtype, device=device)
 
@@ -296,6 +316,7 @@ def replay(recording: Recording, targets: dict[int, list[tuple[_Ref, Callable[[t
             return alloc(value)
         if value.key not in values:  # the first full overwrite of a storage whose earlier contents are unused
             values[value.key] = alloc(recording.storages[value.key].ref)
+            held(values[value.key])
         return torch.as_strided(values[value.key], value.size, value.stride, value.offset)
 
     _set_rng(recording, device)
@@ -318,10 +339,14 @@ def replay(recording: Recording, targets: dict[int, list[tuple[_Ref, Callable[[t
                         raise ConfigurationError(f"replaying {getattr(node.func, '__name__', node.func)} gave a tensor "
                                                  "laid out differently from the recorded one")  # fmt: skip
                     values[k] = out_leaves[index]
+                    held(values[k])
                 for k in released.get(i, ()):
                     value = values.pop(k, None)
+                    if value is None:
+                        continue
                     for ref, write in targets.get(k, ()):
                         write(torch.as_strided(value, ref.size, ref.stride, ref.offset))
+                    held(value, -1)
     finally:
         torch.set_default_dtype(previous_dtype)
 

@@ -202,3 +202,33 @@ def test_the_replay_holds_about_one_full_parameter_and_follows_a_conversion_afte
         assert module.state_dict()[name].dtype == torch.float64 and torch.equal(module.state_dict()[name], value), name
     weight = 64 * 64 * 4
     assert weight <= recording.replay_peak_bytes <= 2 * weight  # not the 8 layers' 8 weights
+
+
+class Assorted(torch.nn.Module):
+    """Initialisation written every way model code writes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.randn(5) * 2)  # a random factory and arithmetic
+        self.register_buffer("offsets", torch.zeros(3).add_(1))  # a computed buffer
+        self.embed = torch.nn.Embedding(6, 4, padding_idx=0)
+        self.embed.weight.data[1:3].normal_(std=0.5)  # a partial in-place draw through .data
+        self.linear = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            self.linear.bias[0] = 5.0  # __setitem__
+
+
+def test_partial_writes_random_factories_and_computed_buffers_replay_exactly():
+    from trainer.strategies.precision.plugins import Precision
+    from trainer.strategies.speed.deferred_init import materialize, module_init_context
+
+    torch.manual_seed(0)
+    eager, after_eager = Assorted(), torch.randn(2)
+    torch.manual_seed(0)
+    with module_init_context(torch.device("cpu"), Precision(), None, meta=True):
+        module = Assorted()
+    assert module.scale.is_meta
+    materialize(module, torch.device("cpu"))
+    assert torch.equal(torch.randn(2), after_eager)  # the generator continues as after the eager build
+    for name, value in eager.state_dict().items():
+        assert torch.equal(module.state_dict()[name], value), name

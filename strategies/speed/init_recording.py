@@ -204,6 +204,8 @@ class InitRecorder(TorchFunctionMode):
         reads = {_key(t) for t in tensors if t.is_meta}
         if overwrite and not any(t is not target_tensor and _key(t) == target.key for t in tensors):
             reads.discard(target.key)
+        if kwargs.get("device") == "meta":
+            kwargs = {**kwargs, "device": _MetaDevice()}
         rec.nodes.append(_Node(func, tree_map(_freeze, args), tree_map(_freeze, kwargs), target, overwrite,
                                frozenset(reads), creates, any(r in name.lower() for r in _RANDOM)))  # fmt: skip
 
@@ -352,10 +354,10 @@ def replay(recording: Recording, targets: dict[int, list[tuple[_Ref, Callable[[t
 
 
 def _set_rng(recording: Recording, device: torch.device) -> None:
+    """The generator of ``device`` as the build found it. A build on ``meta`` draws nothing, so where CUDA was not
+    initialised yet when recording began, the GPU's generator still is as it was then."""
     if device.type == "cuda":
-        if recording.cuda_rng is None:
-            raise ConfigurationError("The module was recorded before CUDA was initialised; cannot replay its draws "
-                                     "on the GPU's generator. Initialise CUDA (e.g. torch.cuda.init()) first.")  # fmt: skip
-        torch.cuda.set_rng_state(recording.cuda_rng[device.index or 0], device)
+        if recording.cuda_rng is not None:
+            torch.cuda.set_rng_state(recording.cuda_rng[device.index or 0], device)
     else:
         torch.set_rng_state(recording.cpu_rng)

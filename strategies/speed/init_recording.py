@@ -332,7 +332,14 @@ def replay(recording: Recording, targets: dict[int, list[tuple[_Ref, Callable[[t
                 scratch = not real[i]
                 args = tree_map(lambda v: resolve(v, scratch, node.target), node.args)
                 kwargs = tree_map(lambda v: resolve(v, scratch, node.target), node.kwargs)
-                out = node.func(*args, **kwargs)
+                try:
+                    out = node.func(*args, **kwargs)
+                except Exception as err:
+                    raise ConfigurationError(
+                        f"Replaying the module's initialisation failed at {getattr(node.func, '__name__', node.func)}: "
+                        f"{err}. Build with real tensors (trainer.init_module(empty_init=False)), or with "
+                        "empty_init=True and init_weights() / reset_parameters()."
+                    ) from err
                 if scratch:
                     continue
                 out_leaves, _ = tree_flatten(out)

@@ -57,6 +57,13 @@ def reference(started) -> dict:
 
 
 @pytest.fixture(scope="module")
+def titan_reference(started) -> dict:
+    """One process, a module initialised by its init_weights() (torchtitan's convention)."""
+    torch.set_num_threads(1)
+    return big_models.fit("auto", 1, big_models.TitanStyleGPT())[1].weights
+
+
+@pytest.fixture(scope="module")
 def four(started, reference) -> list[dict]:
     return started["four"].result().check_ok()
 
@@ -100,6 +107,13 @@ def test_four_rank_layouts_start_from_one_devices_weights_bit_for_bit(four, refe
 @pytest.mark.parametrize("layout", ["fsdp2", "tp2", "pp2"])
 def test_two_rank_layouts_start_from_one_devices_weights_bit_for_bit(two, reference, layout):
     assert_bit_identical(merged(two, layout), reference["initial"], layout)
+
+
+@pytest.mark.parametrize("job, layout", [("four", "init_weights_tp2_pp2"), ("two", "init_weights_fsdp2")])
+def test_init_weights_gives_the_same_model_at_every_layout(four, two, titan_reference, job, layout):
+    reports = {"four": four, "two": two}[job]
+    assert_bit_identical(merged(reports, layout), titan_reference, layout)
+    assert titan_reference["model.layers.0.fc.weight"].abs().max() <= 0.04  # init_weights' truncated normal
 
 
 def test_pipeline_splits_self_model_keeps_the_root_buffer_on_every_stage_and_trains_like_one_process(two, reference):
@@ -216,6 +230,10 @@ class Assorted(torch.nn.Module):
         self.linear = torch.nn.Linear(4, 4)
         with torch.no_grad():
             self.linear.bias[0] = 5.0  # __setitem__
+        # nn.init functions that skip meta tensors and draw by value (rejection sampling, a QR)
+        torch.nn.init.trunc_normal_(self.linear.weight, std=0.5, a=-0.6, b=0.6)
+        self.rotation = torch.nn.Parameter(torch.empty(4, 4))
+        torch.nn.init.orthogonal_(self.rotation)
 
 
 def test_partial_writes_random_factories_and_computed_buffers_replay_exactly():

@@ -17,6 +17,7 @@ which uses :func:`module_init_context` here:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from typing import Any, Callable, ContextManager, Iterator, Optional
 
@@ -113,6 +114,8 @@ def materialize(module: nn.Module, device: torch.device, seed: Optional[int] = N
             for recording, targets in by_recording.values():
                 replay(recording, targets, device)
             forget(module)
+            if all(recording.init_weights_recorded for recording, _ in by_recording.values()):
+                init_weights = None  # replayed with the rest (record_init_weights)
         with FullTensorInit():
             if callable(init_weights):
                 init_weights()
@@ -147,6 +150,18 @@ def _write_local(target: torch.Tensor, full: torch.Tensor) -> None:
         target.copy_(full)
 
 
+def _on_full_tensor(init: Callable) -> Callable:
+    def on_full(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not _is_dtensor(tensor):
+            return init(tensor, *args, **kwargs)
+        full = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.to_local().device)
+        init(full, *args, **kwargs)
+        _write_local(tensor, full)
+        return tensor
+
+    return functools.wraps(init)(on_full)
+
+
 def _writer(target: torch.Tensor) -> Callable[[torch.Tensor], None]:
     return lambda full: _write_local(target, full)
 
@@ -154,6 +169,21 @@ def _writer(target: torch.Tensor) -> Callable[[torch.Tensor], None]:
 class FullTensorInit(TorchFunctionMode):
     """``torch.nn.init.*`` calls and in-place random fills on a DTensor draw its full tensor (same on every rank,
     from the same generator state) and keep the local shard: one full parameter at a time, layout-independent."""
+
+    def __enter__(self) -> "FullTensorInit":
+        from trainer.strategies.speed.init_recording import _UNDISPATCHED_INITS
+
+        # These do not dispatch to torch-function modes and draw by value (rejection sampling, a QR): on a DTensor
+        # each rank would loop on its own shard's values; through the module attribute they run on the full tensor.
+        self._patched = {name: getattr(nn.init, name) for name in _UNDISPATCHED_INITS}
+        for name, original in self._patched.items():
+            setattr(nn.init, name, _on_full_tensor(original))
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        for name, original in self._patched.items():
+            setattr(nn.init, name, original)
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         from trainer.strategies.speed.init_recording import OVERWRITES, inplace_target

@@ -17,6 +17,7 @@ parameter at a time. As soon as a parameter is final, each rank keeps its local 
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ OVERWRITES = frozenset({
 #: memory if its result is not needed) so that later draws see the generator as the eager build did.
 _RANDOM = ("rand", "normal", "uniform", "bernoulli", "multinomial", "exponential", "cauchy", "geometric",
            "orthogonal", "sparse", "kaiming", "xavier", "dropout", "poisson")  # fmt: skip
+_UNDISPATCHED_INITS = ("trunc_normal_", "orthogonal_", "sparse_", "dirac_")
 #: In-place by name, but they change flags, not values.
 _NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad", "rename_"})
 _INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
@@ -110,6 +112,9 @@ class Recording:
     unhonoured: list = field(default_factory=list)  # why the recording cannot reproduce the build, if it cannot
     replay_peak_bytes: int = 0  # after replay: the most bytes of full tensors it held at once
     keep: list = field(default_factory=list)  # the meta tensors referred to, so their storages stay distinct
+    # id(DTensor) -> (the DTensor, the recorded full tensor it was made from): writes to it are writes to that
+    sharded: dict = field(default_factory=dict)
+    init_weights_recorded: bool = False  # the root's init_weights() is in the log (see record_init_weights)
 
 
 # (module, name) -> [recording, the meta tensor registered, its _Ref when the build ended] of every parameter and
@@ -122,28 +127,49 @@ _ORIGINS: "weakref.WeakKeyDictionary[nn.Module, dict[str, list]]" = weakref.Weak
 class InitRecorder(TorchFunctionMode):
     """Context (a ``TorchFunctionMode``) that records the calls building modules on ``meta`` (see module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, recording: Optional[Recording] = None) -> None:
         super().__init__()
-        self.recording = Recording()
+        self._resumed = recording is not None  # appending to an earlier recording (see record_init_weights)
+        self.recording = recording or Recording()
         self._handles: list[Any] = []
         self._entries: list[list] = []  # the _ORIGINS entries this recorder made
+        self._patched: dict[str, Callable] = {}
 
     def __enter__(self) -> "InitRecorder":
         rec = self.recording
-        rec.cpu_rng = torch.get_rng_state()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            rec.cuda_rng = torch.cuda.get_rng_state_all()
-        rec.default_dtype = torch.get_default_dtype()
+        if not self._resumed:
+            rec.cpu_rng = torch.get_rng_state()
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                rec.cuda_rng = torch.cuda.get_rng_state_all()
+            rec.default_dtype = torch.get_default_dtype()
         from torch.nn.modules import module as module_mod
 
         self._handles = [module_mod.register_module_parameter_registration_hook(self._registered),
                          module_mod.register_module_buffer_registration_hook(self._registered)]  # fmt: skip
+        # These torch.nn.init functions neither dispatch to torch-function modes nor do anything on meta (their
+        # draws depend on values: rejection sampling, a QR), so they are recorded whole, while building, through
+        # the module attribute (code that imported the function itself before the build is not seen).
+        self._patched = {name: getattr(nn.init, name) for name in _UNDISPATCHED_INITS}
+        for name, original in self._patched.items():
+            setattr(nn.init, name, self._recorded_init(original))
         return super().__enter__()
+
+    def _recorded_init(self, original: Callable) -> Callable:
+        def init(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if isinstance(tensor, torch.Tensor) and (tensor.is_meta or id(tensor) in self.recording.sharded):
+                self._record(original, (tensor, *args), kwargs, tensor)
+                return tensor
+            return original(tensor, *args, **kwargs)
+
+        return functools.wraps(original)(init)
 
     def __exit__(self, *exc: Any) -> Any:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for name, original in self._patched.items():
+            setattr(nn.init, name, original)
+        self._patched = {}
         for entry in self._entries:
             tensor = entry[1]
             if tensor.is_meta and _key(tensor) in self.recording.storages:
@@ -159,7 +185,8 @@ class InitRecorder(TorchFunctionMode):
             origins[name] = [self.recording, tensor, None]
             self._entries.append(origins[name])
         elif not _is_plain(tensor) and name in origins and tensor.shape == origins[name][1].shape:
-            pass  # a DTensor replacing the recorded tensor (tensor parallel): its full value is the recorded one
+            # a DTensor replacing the recorded tensor (tensor parallel): its full value is the recorded one
+            self.recording.sharded[id(tensor)] = (tensor, origins[name][1])
         else:
             origins.pop(name, None)
 
@@ -178,6 +205,19 @@ class InitRecorder(TorchFunctionMode):
         leaves, _ = tree_flatten((args, kwargs))
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         target_tensor = inplace_target(name, args, kwargs)
+        sharded = rec.sharded.get(id(target_tensor)) if target_tensor is not None else None
+        if sharded is not None and sharded[0] is target_tensor and name in OVERWRITES \
+                and all(_is_plain(t) for t in tensors if t is not target_tensor):  # fmt: skip
+            # nn.init on a tensor-parallel parameter: recorded on its full tensor, sharded when written
+            full = sharded[1]
+            args = tuple(full if a is target_tensor else a for a in args)
+            kwargs = {k: (full if v is target_tensor else v) for k, v in kwargs.items()}
+            tensors = [full if t is target_tensor else t for t in tensors]
+            target_tensor = full
+        elif name in ("__get__", "detach") and args and id(args[0]) in rec.sharded and rec.sharded[id(args[0])][0] is args[0] \
+                and isinstance(out, torch.Tensor) and not _is_plain(out):  # fmt: skip
+            rec.sharded[id(out)] = (out, rec.sharded[id(args[0])][1])  # param.data of a DTensor parameter
+            return
         if any(not _is_plain(t) for t in tensors):
             if target_tensor is not None and not _is_plain(target_tensor):
                 rec.unhonoured.append(f"{name} wrote to a {type(target_tensor).__name__} (a parameter already sharded, "
@@ -368,3 +408,28 @@ def _set_rng(recording: Recording, device: torch.device) -> None:
             torch.cuda.set_rng_state(recording.cuda_rng[device.index or 0], device)
     else:
         torch.set_rng_state(recording.cpu_rng)
+
+
+def record_init_weights(module: nn.Module) -> bool:
+    """Append the root's ``init_weights()``, run on the ``meta`` module, to the recording that built it, so that
+    its draws replay over the whole model whatever part of it a rank keeps (pipeline parallel cuts the module
+    before materialising). False, with nothing appended, when the module was not recorded, defines no
+    ``init_weights()``, or its ``init_weights()`` cannot be recorded (e.g. it distributes tensors itself): then
+    :func:`~trainer.strategies.speed.deferred_init.materialize` calls it on the materialised module instead."""
+    init_weights = getattr(module, "init_weights", None)
+    recordings = {id(r): r for r, _ in origins_of(module).values()}
+    if not callable(init_weights) or len(recordings) != 1:
+        return False
+    (recording,) = recordings.values()
+    nodes, unhonoured = len(recording.nodes), len(recording.unhonoured)
+    try:
+        with torch.device("meta"), InitRecorder(recording), torch.no_grad():
+            init_weights()
+    except Exception:
+        recorded = False
+    else:
+        recorded = len(recording.unhonoured) == unhonoured
+    if not recorded:
+        del recording.nodes[nodes:], recording.unhonoured[unhonoured:]
+    recording.init_weights_recorded = recorded
+    return recorded

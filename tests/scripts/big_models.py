@@ -3,8 +3,10 @@ projection init, a RoPE table as a non-persistent buffer on the model's root) he
 TrainModule, built in ``configure_model`` and run at several layouts on the CPU (gloo).
 
     python big_models.py --out DIR --job four   # 4 ranks: initial weights at fsdp=4, dp_shard=2 x tp=2,
-                                                #          ModelParallelStrategy(2, 2), dp_shard=2 x pp=2
-    python big_models.py --out DIR --job two    # 2 ranks: initial weights at fsdp=2, tp=2, pp=2 (default split);
+                                                #          ModelParallelStrategy(2, 2), dp_shard=2 x pp=2;
+                                                #          init_weights() at tp=2 x pp=2
+    python big_models.py --out DIR --job two    # 2 ranks: initial weights at fsdp=2 (also by init_weights()),
+                                                #          tp=2, pp=2 (default split);
                                                 #          pp=2 training; tp=2 training with and without loss parallel
 """
 from __future__ import annotations
@@ -164,6 +166,25 @@ class GPTModule(TrainModule):
         return torch.optim.SGD(self.parameters(), lr=LR)
 
 
+class TitanStyleGPT(GPTModule):
+    """torchtitan's convention: ``init_weights()`` initialises the model (called by the strategy after a build on
+    ``meta``; on one device ``configure_model`` calls it itself)."""
+
+    def configure_model(self) -> None:
+        building = getattr(self, "model", None) is None
+        super().configure_model()
+        if building and not self.model.lm_head.weight.is_meta:
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        for name, param in self.model.named_parameters():
+            if param.dim() == 2:
+                torch.nn.init.trunc_normal_(param, std=0.02, a=-0.04, b=0.04)
+            elif name.endswith("bias"):
+                param.data.uniform_(-0.01, 0.01)
+
+
 class LossParallelGPT(GPTModule):
     """Loss parallel as torchtitan runs it: the loss and its backward inside ``loss_parallel()``."""
 
@@ -212,6 +233,9 @@ def four_job(out: Path) -> dict:
     for name, (strategy, points) in layouts.items():
         _, initial = fit(strategy, 4, GPTModule(split_points=points))
         report[name] = initial.weights
+    # init_weights() on tensor-parallel parameters, before the pipeline cut: recorded on the full tensors
+    _, initial = fit(NDParallelStrategy(dp_shard=1, tp=2, pp=2), 4, TitanStyleGPT(split_points=["model.layers.1"]))
+    report["init_weights_tp2_pp2"] = initial.weights
     report["rank"] = torch.distributed.get_rank()
     return report
 
@@ -221,6 +245,8 @@ def two_job(out: Path) -> dict:
     for name, strategy in {"fsdp2": FSDPStrategy(), "tp2": NDParallelStrategy(dp_shard=1, tp=2)}.items():
         _, initial = fit(strategy, 2)
         report[name] = initial.weights
+    _, initial = fit(FSDPStrategy(), 2, TitanStyleGPT())
+    report["init_weights_fsdp2"] = initial.weights
     # pp=2 on self.model = GPT(...): the default (byte-balanced) split goes into model.layers
     module, initial = fit(NDParallelStrategy(dp_shard=1, pp=2), 2, steps=STEPS)
     report["pp2"] = initial.weights

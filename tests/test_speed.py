@@ -149,18 +149,18 @@ def test_compile_and_checkpointing_arguments_are_checked():
     with pytest.raises(ConfigurationError, match="activation_checkpointing=3"):
         quiet_trainer(activation_checkpointing=3)
 
-    class NoForward(TrainModule):
+    class NoForward(TrainModule):  # no forward and no submodule with one (see test_compile_any_module.py)
         def __init__(self):
             super().__init__()
-            self.net = nn.Linear(4, 1)
+            self.w = nn.Parameter(torch.ones(4, 1))
 
         def training_step(self, batch, batch_idx):
-            return self.net(batch[0]).sum()
+            return (batch[0] @ self.w).sum()
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    with pytest.raises(ConfigurationError, match="NoForward defines none"):
+    with pytest.raises(ConfigurationError, match="NoForward defines no forward and has no submodule with one"):
         quiet_trainer(compile=AOT, max_steps=1).fit(NoForward(), loader())
     with pytest.raises(ConfigurationError, match=r"matched no submodule of Regressor\. Its submodule classes are: "
                                                  r"\['Linear', 'Sequential', 'Tanh'\]"):  # fmt: skip

@@ -193,7 +193,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
                 fully_shard(target, **options)
         root = _Root(module)
         fully_shard(root, **options)
-        if materialize(module, self.root_device, seed=self._init_seed()) and self.world_size > 1:
+        if materialize(module, self.root_device) and self.world_size > 1:
             _broadcast_states(module, self.root_device, buffers_only=True)  # FSDP shards parameters, not buffers
         self.module, self.model, self._root = module, root, root
         self._steps = {}
@@ -223,13 +223,6 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         from trainer.strategies.speed.deferred_init import module_init_context
 
         return module_init_context(self._init_device(), self.precision, empty_init, meta=empty_init is not False)
-
-    def _init_seed(self) -> Optional[int]:
-        # DTensor's random ops coordinate shards across ranks only on CUDA; elsewhere each rank draws from its own
-        # generator, so without distinct seeds every shard of a tensor would get the same values.
-        if self.root_device.type == "cuda":
-            return None
-        return (torch.initial_seed() + 1_000_003 * (self.global_rank + 1)) % 2**63
 
     def _shard_options(self, mesh: Any) -> dict[str, Any]:
         return dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=self._mp_policy(),

@@ -5,7 +5,10 @@ How a module is split (torchtitan's way: no tracing, the module's own code runs 
 
 - Its **units** are the root's children in registration order, with a container (``nn.ModuleList``,
   ``nn.ModuleDict``, ``nn.Sequential``, also nested) expanded into its entries:
-  ``embed, layers.0, ..., layers.11, norm, head``.
+  ``embed, layers.0, ..., layers.11, norm, head``. A module the split goes into is expanded too:
+  with ``self.model = Transformer(...)`` the units are ``model.embed, model.layers.0, ..., model.head`` when a
+  split point names ``model.layers.6``, or when the planner cannot balance whole units. Buffers held by the root
+  or by an expanded module (a RoPE table every block reads) stay on every stage; parameters there are refused.
 - **Stage boundaries**: ``module.pipeline_split_points`` (a list, or a method ``(num_stages) -> list``) names the
   unit each later stage starts at, e.g. ``["layers.6"]`` for two stages; without it, the device-map planner
   (:func:`trainer.strategies.nd.device_map.plan_device_map`) assigns whole units to stages by parameter bytes.
@@ -23,7 +26,7 @@ to every rank of the pipeline and returned in its place (``outputs["loss"]`` in 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -35,38 +38,67 @@ SCHEDULES = ("GPipe", "1F1B")
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 
-def pipeline_units(module: nn.Module) -> list[tuple[str, nn.Module, str]]:
-    """``(name, owner, key)`` of each unit in order: ``owner._modules[key]`` is the unit called ``name``."""
+def pipeline_units(module: nn.Module, expand: Iterable[str] = ()) -> list[tuple[str, nn.Module, str]]:
+    """``(name, owner, key)`` of each unit in order: ``owner._modules[key]`` is the unit called ``name``.
+
+    Containers are expanded into their entries; so is every module named in ``expand`` or holding one of them
+    (``expand=["model"]``: the units of ``self.model = Transformer(...)`` are ``model.embed, model.layers.0, ...``).
+    """
+    expand = set(expand)
     units: list[tuple[str, nn.Module, str]] = []
 
     def visit(owner: nn.Module, prefix: str) -> None:
         for key, child in list(owner._modules.items()):
             if child is None:
                 continue
+            name = f"{prefix}{key}"
             if isinstance(child, _CONTAINERS):  # nested containers too (nanoGPT's transformer.h.0, ...)
-                visit(child, f"{prefix}{key}.")
+                visit(child, f"{name}.")
+            elif name in expand or any(e.startswith(f"{name}.") for e in expand):
+                params = [n for n, _ in child.named_parameters(recurse=False)]
+                if params:
+                    raise ConfigurationError(
+                        f"Pipeline parallel splits inside '{name}', but '{name}' holds parameters {params} directly, "
+                        "which no one stage would own. Move them into a submodule (e.g. the embedding or the head)."
+                    )
+                visit(child, f"{name}.")  # its buffers stay on every stage (e.g. a RoPE table)
             else:
-                units.append((f"{prefix}{key}", owner, key))
+                units.append((name, owner, key))
 
     visit(module, "")
     return units
 
 
+def _container_holders(units: list[tuple[str, nn.Module, str]]) -> list[str]:
+    """Units that hold a container directly (a model wrapping its blocks), to expand when whole units cannot
+    make the stages."""
+    return [name for name, owner, key in units
+            if any(isinstance(c, _CONTAINERS) for c in owner._modules[key].children())]  # fmt: skip
+
+
 def assign_stages(module: nn.Module, num_stages: int) -> list[int]:
-    """The stage of each unit of :func:`pipeline_units`, from the module's split points or the planner."""
-    units = pipeline_units(module)
-    names = [name for name, _, _ in units]
-    own = [name for name, _ in module.named_parameters(recurse=False)] + [n for n, _ in module.named_buffers(recurse=False)]
-    if own:
+    """The stage of each unit of :func:`split_units` (the units as :func:`split_units` chooses them)."""
+    return split_units(module, num_stages)[1]
+
+
+def split_units(module: nn.Module, num_stages: int) -> tuple[list[tuple[str, nn.Module, str]], list[int]]:
+    """The units (see :func:`pipeline_units`) and the stage of each, from the module's split points or the
+    planner. Split points may name nested modules (``"model.layers.4"``); without them, a unit wrapping a container
+    (``self.model = Transformer(...)``) is split inside when whole units cannot make the stages."""
+    params = [name for name, _ in module.named_parameters(recurse=False)]
+    if params:
         raise ConfigurationError(
-            f"{type(module).__name__} holds {own} directly; under pipeline parallel every tensor must belong to a "
-            "submodule that one stage owns. Move them into a submodule (e.g. the head)."
+            f"{type(module).__name__} holds parameters {params} directly; under pipeline parallel every parameter "
+            "must belong to a submodule that one stage owns. Move them into a submodule (e.g. the head). (Buffers "
+            "held directly, such as a RoPE table, are kept on every stage.)"
         )
     points = getattr(module, "pipeline_split_points", None)
     if callable(points):
         points = points(num_stages)
     if points is not None:
         points = list(points)
+        units = pipeline_units(module, [p.rpartition(".")[0] for p in points if "." in p])
+        names = [name for name, _, _ in units]
         if len(points) != num_stages - 1 or any(p not in names for p in points):
             raise ConfigurationError(
                 f"pipeline_split_points={points} must name {num_stages - 1} unit(s) where stages 1..{num_stages - 1} "
@@ -75,8 +107,17 @@ def assign_stages(module: nn.Module, num_stages: int) -> list[int]:
         starts = [names.index(p) for p in points]
         if starts != sorted(starts) or len(set(starts)) != len(starts) or starts[0] == 0:
             raise ConfigurationError(f"pipeline_split_points={points} must be increasing and not the first unit.")
-        return [sum(index >= start for start in starts) for index in range(len(names))]
-    return _planned_stages(module, units, num_stages)
+        return units, [sum(index >= start for start in starts) for index in range(len(names))]
+    expand: list[str] = []
+    while True:
+        units = pipeline_units(module, expand)
+        try:
+            return units, _planned_stages(module, units, num_stages)
+        except ConfigurationError:
+            more = [name for name in _container_holders(units) if name not in expand]
+            if not more:
+                raise
+            expand += more
 
 
 def _planned_stages(module: nn.Module, units: list[tuple[str, nn.Module, str]], num_stages: int) -> list[int]:
@@ -93,7 +134,8 @@ def _planned_stages(module: nn.Module, units: list[tuple[str, nn.Module, str]], 
     if sorted(set(stages)) != list(range(num_stages)) or stages != sorted(stages):
         raise ConfigurationError(
             f"The planner could not give each of the {num_stages} pipeline stages whole units of "
-            f"{[name for name, _, _ in units]}. Use fewer stages, or set pipeline_split_points on the module."
+            f"{[name for name, _, _ in units]}. Use fewer stages, or set pipeline_split_points on the module "
+            "(nested names such as 'model.layers.4' are accepted)."
         )
     return stages
 
@@ -101,8 +143,7 @@ def _planned_stages(module: nn.Module, units: list[tuple[str, nn.Module, str]], 
 def keep_stage(module: nn.Module, stage: int, num_stages: int) -> list[str]:
     """Remove every unit not in ``stage``; returns the parameter names of the whole model, in module order."""
     all_names = [name for name, _ in module.named_parameters()]
-    units = pipeline_units(module)
-    stages = assign_stages(module, num_stages)
+    units, stages = split_units(module, num_stages)
     owner_of: dict[int, int] = {}
     for (name, owner, key), unit_stage in zip(units, stages):
         for tensor in owner._modules[key].parameters():

@@ -1,7 +1,9 @@
 """``compile=``: ``torch.compile`` applied to a module after its strategy has placed and wrapped it.
 
 What is compiled is a module's ``forward`` (what ``self(x)`` runs inside a step), never the step itself: a
-``training_step`` keeps running eagerly, so ``self.log`` and any Python in it work unchanged. Where each
+``training_step`` keeps running eagerly, so ``self.log`` and any Python in it work unchanged. A module without
+``forward`` (its steps call ``self.net(x)``) gets each submodule with a forward compiled instead (looking
+through ``nn.ModuleList``/``nn.ModuleDict``): what the steps run; a submodule never called compiles nothing. Where each
 strategy compiles (``Strategy.compile_module``):
 
 - one device, DDP, ZeRO: the user's module's ``forward``. Under DDP that forward runs inside DDP's own
@@ -105,14 +107,35 @@ def compile_forward(module: nn.Module, options: dict[str, Any]) -> None:
         if current.options == options:
             return
         current = current.inner
-    forward = type(module).forward
-    if current is None and (forward is nn.Module.forward or getattr(forward, "_not_implemented", False)):
-        raise ConfigurationError(
-            f"compile compiles the module's forward, but {type(module).__name__} defines none, so nothing would be "
-            "compiled. Define forward() and call self(x) in the steps, or compile submodules yourself "
-            "(e.g. self.encoder.compile()) and drop compile=."
-        )
+    if current is None and not _has_forward(module):
+        children = _called_children(module)
+        if not children:
+            raise ConfigurationError(
+                f"compile compiles the module's forward, or without one its submodules' forwards, but "
+                f"{type(module).__name__} defines no forward and has no submodule with one, so nothing would be "
+                "compiled. Define forward(), or drop compile=."
+            )
+        for child in children:
+            compile_forward(child, options)
+        return
     module.forward = CompiledForward(module, options, current)
+
+
+def _has_forward(module: nn.Module) -> bool:
+    forward = type(module).forward
+    return not (forward is nn.Module.forward or getattr(forward, "_not_implemented", False))
+
+
+def _called_children(module: nn.Module) -> list[nn.Module]:
+    """What the steps of a module without ``forward`` call: its submodules with a forward, looking through
+    containers without one (``nn.ModuleList``, ``nn.ModuleDict``) and modules without one."""
+    found: list[nn.Module] = []
+    for child in module.children():
+        if _has_forward(child) or isinstance(child.__dict__.get("forward"), CompiledForward):
+            found.append(child)
+        else:
+            found.extend(_called_children(child))
+    return found
 
 
 def is_compiled(module: nn.Module) -> bool:

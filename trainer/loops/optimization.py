@@ -126,12 +126,14 @@ class AutomaticOptimization:
         #: Gradients outlive the step (Lightning's order): fit releases them before validating.
         self.keeps_gradients = self.zero_before_backward
         self.last_loss: Optional[Tensor] = None
+        # The module's backward_context() (e.g. loss_parallel()), entered around forward and backward; None if not given.
+        self.backward_context = module.backward_context if overrides(module, TrainModule, "backward_context") else None
         # Nothing between training_step and the torch calls would act: no hook of the step, clipping, custom step,
         # scheduler stepped per step, or strategy/precision layer (see Strategy.plain_steps).
         self.plain = (
             optimizer is not None and trainer.strategy.plain_steps and not self.custom_step
             and not self.custom_zero_grad and not self.custom_clipping and not self.clip_val
-            and not self.counter.step_schedulers
+            and not self.counter.step_schedulers and self.backward_context is None
             and all(hook is None for hook in (self.before_backward, self.after_backward,
                                               self.before_optimizer_step, self.before_zero_grad))
         )  # fmt: skip
@@ -161,7 +163,14 @@ class AutomaticOptimization:
         return output
 
     def synced_forward_backward(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
-        """:meth:`forward_backward`, with gradient synchronisation only at the window's end."""
+        """:meth:`forward_backward`, with gradient synchronisation only at the window's end, inside the module's
+        ``backward_context()`` where it gives one (e.g. ``loss_parallel()``)."""
+        if self.backward_context is not None:
+            with self.backward_context():
+                return self._synced_forward_backward(batch, batch_idx, window_end)
+        return self._synced_forward_backward(batch, batch_idx, window_end)
+
+    def _synced_forward_backward(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
         if self.sync_context:
             with self.strategy.backward_sync(window_end):
                 return self.forward_backward(batch, batch_idx)
@@ -335,10 +344,16 @@ class ManualOptimization:
         self.steps_schedulers = False
         #: The user clears the gradients: fit releases them before validating.
         self.keeps_gradients = True
+        module = trainer.module
+        self.backward_context = module.backward_context if overrides(module, TrainModule, "backward_context") else None
 
     def runner(self, accumulate: int) -> Callable[[Any, int, bool], Any]:
         """The step function for an epoch (the user steps, so accumulation changes nothing here)."""
-        return self.run
+        return self.run if self.backward_context is None else self._run_in_context
+
+    def _run_in_context(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
+        with self.backward_context():
+            return self.run(batch, batch_idx, window_end)
 
     def run(self, batch: Any, batch_idx: int, window_end: bool) -> Any:
         if self.pass_batch_idx:

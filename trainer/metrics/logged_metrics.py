@@ -81,6 +81,8 @@ class LoggedValue:
         self._step_cache = None
         self._epoch_cache = None
         if isinstance(value, Tensor):
+            if value.__class__ is not Tensor and hasattr(value, "full_tensor"):
+                value = _dtensor_value(value)
             if value.requires_grad:  # no graph kept; a tensor without one is stored as it is (detach costs a tensor)
                 value = value.detach()
             self.last = value
@@ -371,3 +373,11 @@ class ResultCollection:
             for target in targets:
                 target[name] = float(value)
         return per_loader
+
+
+def _dtensor_value(value: Any) -> Tensor:
+    """A DTensor's value as a plain tensor (a loss under ``loss_parallel()`` is a replicated DTensor): its local
+    tensor when replicated, else the whole tensor (a collective: every rank logs it, as the step runs on all)."""
+    if all(placement.is_replicate() for placement in value.placements):
+        return value.to_local()
+    return value.full_tensor()

@@ -305,6 +305,19 @@ class TrainModule(nn.Module):
     def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Called after ``predict_step``."""
 
+    def backward_context(self) -> contextlib.AbstractContextManager:
+        """A context the training loop enters around ``training_step`` and the backward of its loss (each
+        micro-batch; with manual optimisation, around ``training_step``, which calls ``manual_backward``). Not
+        overridden: nothing is entered. For tensor parallel's loss parallel (logits left sharded over the
+        vocabulary, as torchtitan's plan does; torch needs the loss and its backward inside the context)::
+
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            def backward_context(self):
+                return loss_parallel() if self.device_mesh is not None else contextlib.nullcontext()
+        """
+        return contextlib.nullcontext()
+
     def on_before_backward(self, loss: Tensor) -> None:
         """Called before ``backward`` with the (accumulation-scaled) loss."""
 

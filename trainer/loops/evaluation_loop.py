@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from trainer.data.batch_transfer import batch_mover
+from trainer.data.combined_loader import training_batches
 from trainer.metrics.logged_metrics import ResultCollection
 from trainer.loops.step_signature import step_arity
 
@@ -66,7 +67,7 @@ class EvaluationLoop:
                 results.epoch_level = False
                 for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                     results.dataloader_idx = dataloader_idx if several else None
-                    iterator = iter(loader)
+                    iterator = training_batches(loader)  # a CombinedLoader: its combined batches
                     to_device = batch_mover(trainer, dataloader_idx)
                     batch_idx = 0
                     while batch_idx < limit:
@@ -119,7 +120,7 @@ class PredictionLoop:
             call_hook("on_predict_epoch_start")
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                 outputs: list[Any] = []
-                iterator = iter(loader)
+                iterator = training_batches(loader)  # a CombinedLoader: its combined batches
                 to_device = batch_mover(trainer, dataloader_idx)
                 batch_idx = 0
                 while batch_idx < limit:

@@ -10,11 +10,12 @@
     configure_optimizers() → strategy.setup_optimizers(...)
     [restore ckpt_path]                          # on_load_checkpoint: callbacks → module
     on_fit_start                                 # callbacks → module
-    [sanity check]                               # on_sanity_check_start, validation loop, on_sanity_check_end
+    [sanity check]                               # on_sanity_check_start, val_dataloader(), validation loop, on_sanity_check_end
+    train_dataloader()                           # (earlier if something read trainer.train_dataloader)
     on_train_start
     [restored fit: the saved RNG is put back]
     for epoch in epochs:
-        [every reload_dataloaders_every_n_epochs epochs: train/val dataloaders requested again]
+        [reload_dataloaders_every_n_epochs epochs after the last request: train_dataloader() again]
         on_train_epoch_start
         for batch_idx, batch in train data:      # batch_idx counts micro-batches
             on_train_batch_start(batch, batch_idx)        # returning -1 ends the epoch early
@@ -43,6 +44,7 @@
 
 Validation loop (``validate()`` and ``test()`` run the same with ``test_*`` hooks)::
 
+    [fit: val_dataloader() the first time, and again reload_dataloaders_every_n_epochs after the last request]
     on_validation_start                          # module.eval(), gradients off
     on_validation_epoch_start
     for each dataloader, for each batch:
@@ -76,6 +78,12 @@ class FitLoop:
         self.progress = Progress()
 
     @property
+    def combined_loader(self) -> Any:
+        """The training data as the loop iterates it: the loader, or a ``CombinedLoader`` of several
+        (``trainer.train_dataloader`` gives the loaders in the shape they were passed); requested if fit has not yet."""
+        return self.trainer._training_data()
+
+    @property
     def done(self) -> bool:
         """True when max_steps or max_epochs is reached, or a stop was requested and min_epochs is met."""
         trainer = self.trainer
@@ -92,10 +100,10 @@ class FitLoop:
         progress = self.progress
         trainer._call_hook("on_train_start")
         trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
-        reload_every, first_epoch = trainer.reload_dataloaders_every_n_epochs, progress.epoch
+        reload_every = trainer.reload_dataloaders_every_n_epochs
         while not self.done:
-            if reload_every and progress.epoch != first_epoch and progress.epoch % reload_every == 0:
-                trainer._reload_fit_dataloaders()  # reload_dataloaders_every_n_epochs
+            if reload_every:
+                trainer._reload_fit_dataloaders()  # when reload_dataloaders_every_n_epochs epochs passed
             num_batches = trainer.num_training_batches
             results = trainer._metrics.train
             if progress.batch_in_epoch == 0:

@@ -243,3 +243,43 @@ def _paths(spec: _Spec, prefix: str = "") -> list[str]:
     names = keys if keys is not None else list(range(len(children)))
     return [path for name, child in zip(names, children)
             for path in _paths(child, f"{prefix}[{name!r}]" if prefix else repr(name))]
+
+
+class DataLoaderIter:
+    """What a step written as ``validation_step(self, dataloader_iter)`` (or ``training_step``) gets, as in
+    Lightning: ``next(dataloader_iter)`` gives ``(batch, batch_idx, dataloader_idx)``, with the batch as the loader
+    yields it (the step moves it to ``self.device``). The loop calls the step again until :attr:`done`.
+
+    ``batches`` is the loader's iterator; ``limit`` the batches the stage may take (``limit_*_batches``)."""
+
+    def __init__(self, batches: Iterator[Any], limit: float, dataloader_idx: int = 0) -> None:
+        self._batches = batches
+        self._limit = limit
+        self.dataloader_idx = dataloader_idx
+        self.fetched = 0  # batches handed to the step so far
+        self.batch: Any = None  # the last one, for the batch hooks
+        self._ahead: Any = _NOTHING
+
+    @property
+    def done(self) -> bool:
+        """True once the loader (or the stage's batch limit) has nothing more to give."""
+        if self.fetched >= self._limit:
+            return True
+        if self._ahead is _NOTHING:
+            self._ahead = next(self._batches, _EXHAUSTED)
+        return self._ahead is _EXHAUSTED
+
+    def __iter__(self) -> "DataLoaderIter":
+        return self
+
+    def __next__(self) -> tuple[Any, int, int]:
+        if self.done:
+            raise StopIteration
+        batch, self._ahead = self._ahead, _NOTHING
+        self.batch = batch
+        self.fetched += 1
+        return batch, self.fetched - 1, self.dataloader_idx
+
+
+_NOTHING = object()
+_EXHAUSTED = object()

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from trainer.data.batch_transfer import batch_mover
-from trainer.data.combined_loader import training_batches
+from trainer.data.combined_loader import DataLoaderIter, training_batches
 from trainer.metrics.logged_metrics import ResultCollection
-from trainer.loops.step_signature import step_arity
+from trainer.loops.step_signature import step_arity, takes_dataloader_iter
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainer.loops.host import LoopHost
@@ -52,6 +52,7 @@ class EvaluationLoop:
         prefix = self.prefix
         several = len(loaders) > 1
         arity = step_arity(getattr(module, self.step_name), several)  # (batch[, batch_idx[, dataloader_idx]])
+        iterator_style = takes_dataloader_iter(getattr(module, self.step_name))
         batch_start = trainer._hooks.caller(trainer, f"on_{prefix}_batch_start")
         batch_end = trainer._hooks.caller(trainer, f"on_{prefix}_batch_end")
         was_training = module.training
@@ -68,6 +69,9 @@ class EvaluationLoop:
                 for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                     results.dataloader_idx = dataloader_idx if several else None
                     iterator = training_batches(loader)  # a CombinedLoader: its combined batches
+                    if iterator_style:
+                        self._run_iterator_style(DataLoaderIter(iterator, limit, dataloader_idx), batch_start, batch_end)
+                        continue
                     to_device = batch_mover(trainer, dataloader_idx)
                     batch_idx = 0
                     while batch_idx < limit:
@@ -97,6 +101,28 @@ class EvaluationLoop:
                 getattr(module, f"on_{prefix}_model_train")()
             trainer._results = previous_results
         return per_loader
+
+
+    def _run_iterator_style(self, dataloader_iter: DataLoaderIter, batch_start: Any, batch_end: Any) -> None:
+        """``validation_step(self, dataloader_iter)``: called until the loader is done; the step takes the batches
+        (and moves them). The batch hooks see the batch the step last took (``None`` before the first)."""
+        step = self.trainer.strategy.evaluation_step
+        loader_idx = dataloader_iter.dataloader_idx
+        while not dataloader_iter.done:
+            before = dataloader_iter.fetched
+            if batch_start is not None:
+                batch_start(dataloader_iter.batch, before, loader_idx)
+            try:
+                outputs = step(self.step_name, dataloader_iter)
+            except StopIteration:  # the step asked for more than was left
+                break
+            if dataloader_iter.fetched == before:
+                raise RuntimeError(
+                    f"{self.step_name}(dataloader_iter) returned without taking a batch (next(dataloader_iter)); "
+                    "it would be called forever. Take at least one batch per call."
+                )
+            if batch_end is not None:
+                batch_end(outputs, dataloader_iter.batch, dataloader_iter.fetched - 1, loader_idx)
 
 
 class PredictionLoop:

@@ -159,3 +159,21 @@ def test_a_multi_node_trainer_builds_without_the_cluster_variables_and_explains_
     with pytest.raises(ConfigurationError, match="num_nodes=2 needs NODE_RANK and MASTER_ADDR in the environment"):
         trainer.fit(Model(), data())
     assert "LOCAL_RANK" not in os.environ  # nothing was launched
+
+
+def test_the_migration_tables_trainer_members_exist_or_give_a_reason():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "migrating_from_lightning.md").read_text()
+    section = text.split("## Trainer members\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    trainer = Trainer(accelerator="cpu", logger=False)
+    wrong = [name for name, (status, notes) in rows.items()
+             if hasattr(trainer, name) == (status == "not supported") or (status == "not supported" and len(notes) < 40)]
+    assert not wrong, f"rows that do not match the Trainer: {wrong}"
+    assert {"state", "test_dataloaders", "progress_bar_callback", "accelerator", "num_devices", "num_test_batches",
+            "early_stopping_callback", "enable_validation"} <= {n for n, (status, _) in rows.items() if status == "same"}

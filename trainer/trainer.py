@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import sys
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
@@ -856,6 +857,11 @@ class Trainer:
         """Batches the sanity check runs per validation dataloader."""
         steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         return [min(steps, limit) for limit in self._val_batch_limits]
+
+    @property
+    def received_sigterm(self) -> bool:
+        """True once this process got SIGTERM during fit (the fit then saves ``interrupted.ckpt`` and stops)."""
+        return self._faults.signals.received == signal.SIGTERM
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""

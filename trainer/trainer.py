@@ -182,6 +182,7 @@ class Trainer:
         self._fit_sources: tuple[Any, Any, Optional[DataModule]] = (None, None, None)
         self._val_loaded = False
         self._last_train_reload_epoch: Optional[int] = None
+        self._train_batches_agreed = False  # num_training_batches agreed across ranks
         self._last_val_reload_epoch: float = -math.inf
         self._eval_data: dict[str, tuple[list[Any], list[float]]] = {}  # validate/test/predict: loaders, limits
         self._state_fn: Optional[TrainerFn] = None
@@ -435,13 +436,17 @@ class Trainer:
                              and data_utils.source_defined(val, datamodule, model, "val_dataloader"))  # fmt: skip
 
     def _load_train_data_once(self) -> None:
-        """Request the training loader(s) unless this fit already has them."""
+        """Request the training loader(s) unless this fit already has them; every rank calls this at the same
+        point, so the batch count is agreed across ranks here if an earlier read requested them on one rank."""
         if self._last_train_reload_epoch is None:
             self._load_train_data()
+        elif not self._train_batches_agreed:
+            self._agree_on_train_batches()
 
-    def _load_train_data(self) -> None:
+    def _load_train_data(self, agree: bool = True) -> None:
         train, _, datamodule = self._fit_sources
-        self._set_train_dataloader(data_utils.fit_train_loader(train, datamodule, self.module), "train_dataloaders")
+        self._set_train_dataloader(data_utils.fit_train_loader(train, datamodule, self.module), "train_dataloaders",
+                                   agree)  # fmt: skip
         self._last_train_reload_epoch = self.current_epoch
 
     def _load_val_data(self) -> None:
@@ -527,13 +532,19 @@ class Trainer:
             raise RuntimeError("reset_train_dataloader() can only be called while fit() runs.")
         self._set_train_dataloader(loader, "reset_train_dataloader(loader)")
 
-    def _set_train_dataloader(self, loader: Any, argument: str) -> None:
+    def _set_train_dataloader(self, loader: Any, argument: str, agree: bool = True) -> None:
         [self._train_dataloader] = self._prepare_loaders([data_utils.as_training_loader(loader)], argument, training=True,
                                                          overfit=self.overfit_batches)  # fmt: skip
         self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
                                                                "limit_train_batches")  # fmt: skip
+        self._train_batches_agreed = False
+        if agree:
+            self._agree_on_train_batches()
+
+    def _agree_on_train_batches(self) -> None:
         if self.strategy.world_size > 1:  # ranks that run different batch counts would deadlock in DDP
             self.num_training_batches = balance_training_batches(self.strategy.reduce, self.num_training_batches)
+        self._train_batches_agreed = True
 
     def _run_sanity_check(self) -> None:
         steps = self.num_sanity_val_steps
@@ -698,7 +709,7 @@ class Trainer:
     def _training_data(self) -> Any:
         """Fit's training data as the loop iterates it (a ``CombinedLoader`` for several loaders)."""
         if self._last_train_reload_epoch is None and self.state_stage == "fit":
-            self._load_train_data()
+            self._load_train_data(agree=False)  # maybe on one rank only: no collective here
         return self._train_dataloader
 
     @property

@@ -16,7 +16,9 @@ mode                 one step gets                                              
 Iterating a ``CombinedLoader`` yourself yields ``(batch, batch_idx, dataloader_idx)`` as Lightning's does
 (``dataloader_idx`` is 0 except in ``sequential`` mode). Under a distributed strategy each loader gets its own
 distributed sampler, and a fit resumed mid-epoch continues every loader at its exact position
-(:mod:`trainer.checkpoint.data_position`). Evaluation stages run several loaders one after the other (``sequential``).
+(:mod:`trainer.checkpoint.data_position`). Evaluation stages run a list or dict of loaders one after the other
+(``sequential``); a CombinedLoader in another mode gives each evaluation step one batch of every loader. Lists and
+dicts may nest (``{"a_b": [dl_a, dl_b], "c": dl_c}``); batches come back in the same shape.
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ def is_loader_like(value: Any) -> bool:
 
 
 def training_batches(loader: Any) -> Iterator[Any]:
-    """The batches ``training_step`` gets from ``loader``: for a CombinedLoader its combined batches (iterating one
-    yields ``(batch, batch_idx, dataloader_idx)``), else what iterating the loader gives."""
+    """The batches a step gets from ``loader``: for a CombinedLoader its combined batches (iterating one yields
+    ``(batch, batch_idx, dataloader_idx)``), else what iterating the loader gives."""
     return loader.batches() if isinstance(loader, CombinedLoader) else iter(loader)
 
 

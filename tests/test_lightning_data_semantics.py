@@ -348,3 +348,34 @@ def test_datamodule_from_datasets_serves_each_stage():
     assert DataModule.from_datasets(predict_dataset=data).predict_dataloader().batch_size == 1
     with pytest.raises(TypeError, match="Tensor is not a torch Dataset"):
         DataModule.from_datasets(train_dataset=torch.randn(3))
+
+
+# ---------------------------------------------------------------------------------------------- two DDP ranks
+@pytest.mark.timeout(300)
+def test_two_ddp_ranks_request_loaders_as_lightning_and_a_rank_zero_read_does_not_hang():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "NODE_RANK", "MASTER_ADDR")}  # fmt: skip
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, str(root / "tests" / "scripts" / "ddp_lightning_data.py")], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=190)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    results = sorted((json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
+                      if line.startswith("RESULT")), key=lambda r: r["rank"])  # fmt: skip
+    assert [r["rank"] for r in results] == [0, 1], done.stdout[-4000:] + done.stderr[-4000:]
+    rank0, rank1 = results
+    # Lightning's order: validation's loader in the sanity check, training's after it, then the reloads (every
+    # epoch here: training's at the epoch's start, validation's when validation runs).
+    assert rank1["calls"] == [["val_dataloader", 0, True], ["train_dataloader", 0], ["on_train_start", 4],
+                              ["train_dataloader", 1], ["val_dataloader", 1, False]]  # fmt: skip
+    # Rank 0's callback read trainer.train_dataloader in on_fit_start: that requested it early (already split in
+    # two by the distributed sampler), without a collective, and the ranks still agree on 4 batches.
+    assert rank0["calls"] == [["train_dataloader", 0], ["read", 4]] + [c for c in rank1["calls"] if c[0] != "train_dataloader" or c[1] != 0]
+    assert rank0["val_batches"] == rank1["val_batches"] == 2 + 2 * 2  # sanity check, then 2 epochs of 2 per rank
+    assert rank0["state"] == rank1["state"] == ["fit", "finished"]

@@ -300,10 +300,23 @@ def test_iterator_style_steps_take_their_own_batches():
         def val_dataloader(self):
             return DataLoader(RandomDataset(32, 6), batch_size=2)
 
+        def predict_step(self, dataloader_iter):
+            batch, batch_idx, _ = next(dataloader_iter)
+            return batch_idx, batch.shape[0]
+
     trainer = quiet(max_epochs=1, limit_train_batches=4, num_sanity_val_steps=0)
-    trainer.fit(Model())
+    model = Model()
+    trainer.fit(model)
     assert taken["train"] == [(0, 0), (1, 0), (2, 0), (3, 0)] and trainer.global_step == 4
     assert taken["val"] == [(0, 0, 2), (1, 0, 2), (2, 0, 2)]  # called until the loader is done
+    assert trainer.predict(model, DataLoader(RandomDataset(32, 5), batch_size=2)) == [(0, 2), (1, 2), (2, 1)]
+
+    class Lazy(Model):
+        def validation_step(self, dataloader_iter):
+            pass  # takes nothing: it would be called forever
+
+    with pytest.raises(RuntimeError, match=r"validation_step\(dataloader_iter\) returned without taking a batch"):
+        quiet(max_epochs=1, limit_train_batches=1, num_sanity_val_steps=0).fit(Lazy())
 
 
 def test_a_whole_float_above_one_counts_batches_as_in_lightning():

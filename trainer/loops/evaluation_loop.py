@@ -70,7 +70,8 @@ class EvaluationLoop:
                     results.dataloader_idx = dataloader_idx if several else None
                     iterator = training_batches(loader)  # a CombinedLoader: its combined batches
                     if iterator_style:
-                        self._run_iterator_style(DataLoaderIter(iterator, limit, dataloader_idx), batch_start, batch_end)
+                        run_iterator_style(strategy, self.step_name, DataLoaderIter(iterator, limit, dataloader_idx),
+                                           batch_start, batch_end)  # fmt: skip
                         continue
                     to_device = batch_mover(trainer, dataloader_idx)
                     batch_idx = 0
@@ -103,28 +104,6 @@ class EvaluationLoop:
         return per_loader
 
 
-    def _run_iterator_style(self, dataloader_iter: DataLoaderIter, batch_start: Any, batch_end: Any) -> None:
-        """``validation_step(self, dataloader_iter)``: called until the loader is done; the step takes the batches
-        (and moves them). The batch hooks see the batch the step last took (``None`` before the first)."""
-        step = self.trainer.strategy.evaluation_step
-        loader_idx = dataloader_iter.dataloader_idx
-        while not dataloader_iter.done:
-            before = dataloader_iter.fetched
-            if batch_start is not None:
-                batch_start(dataloader_iter.batch, before, loader_idx)
-            try:
-                outputs = step(self.step_name, dataloader_iter)
-            except StopIteration:  # the step asked for more than was left
-                break
-            if dataloader_iter.fetched == before:
-                raise RuntimeError(
-                    f"{self.step_name}(dataloader_iter) returned without taking a batch (next(dataloader_iter)); "
-                    "it would be called forever. Take at least one batch per call."
-                )
-            if batch_end is not None:
-                batch_end(outputs, dataloader_iter.batch, dataloader_iter.fetched - 1, loader_idx)
-
-
 class PredictionLoop:
     """Runs ``predict_step`` over one or more dataloaders and returns the outputs."""
 
@@ -139,6 +118,7 @@ class PredictionLoop:
         call_hook = trainer._call_hook
         several = len(loaders) > 1
         arity = step_arity(module.predict_step, several)
+        iterator_style = takes_dataloader_iter(module.predict_step)
         all_outputs: list[list[Any]] = []
         module.on_predict_model_eval()
         with evaluation_grad_mode(trainer):
@@ -147,6 +127,16 @@ class PredictionLoop:
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                 outputs: list[Any] = []
                 iterator = training_batches(loader)  # a CombinedLoader: its combined batches
+                if iterator_style:
+                    def batch_end(prediction: Any, batch: Any, batch_idx: int, dataloader_idx: int) -> None:
+                        call_hook("on_predict_batch_end", prediction, batch, batch_idx, dataloader_idx)
+                        if return_predictions:
+                            outputs.append(prediction)
+
+                    run_iterator_style(strategy, "predict_step", DataLoaderIter(iterator, limit, dataloader_idx),
+                                       lambda *args: call_hook("on_predict_batch_start", *args), batch_end)  # fmt: skip
+                    all_outputs.append(outputs)
+                    continue
                 to_device = batch_mover(trainer, dataloader_idx)
                 batch_idx = 0
                 while batch_idx < limit:
@@ -168,3 +158,26 @@ class PredictionLoop:
         if not return_predictions:
             return None
         return all_outputs[0] if len(all_outputs) == 1 else all_outputs
+
+
+def run_iterator_style(strategy: Any, step_name: str, dataloader_iter: DataLoaderIter, batch_start: Any,
+                       batch_end: Any) -> None:  # fmt: skip
+    """``validation_step``/``test_step``/``predict_step(self, dataloader_iter)``: called until the loader is done;
+    the step takes the batches (and moves them). The batch hooks see the batch the step last took (``None`` before
+    the first), as in Lightning."""
+    loader_idx = dataloader_iter.dataloader_idx
+    while not dataloader_iter.done:
+        before = dataloader_iter.fetched
+        if batch_start is not None:
+            batch_start(dataloader_iter.batch, before, loader_idx)
+        try:
+            outputs = strategy.evaluation_step(step_name, dataloader_iter)
+        except StopIteration:  # the step asked for more than was left
+            break
+        if dataloader_iter.fetched == before:
+            raise RuntimeError(
+                f"{step_name}(dataloader_iter) returned without taking a batch (next(dataloader_iter)); it would be "
+                "called forever. Take at least one batch per call."
+            )
+        if batch_end is not None:
+            batch_end(outputs, dataloader_iter.batch, dataloader_iter.fetched - 1, loader_idx)

@@ -392,3 +392,20 @@ def test_two_ddp_ranks_request_loaders_as_lightning_and_a_rank_zero_read_does_no
     assert rank0["calls"] == [["train_dataloader", 0], ["read", 4]] + [c for c in rank1["calls"] if c[0] != "train_dataloader" or c[1] != 0]
     assert rank0["val_batches"] == rank1["val_batches"] == 2 + 2 * 2  # sanity check, then 2 epochs of 2 per rank
     assert rank0["state"] == rank1["state"] == ["fit", "finished"]
+
+
+def test_a_loader_set_in_on_fit_start_is_the_one_fit_trains_on():
+    class Smaller(Callback):
+        def on_fit_start(self, trainer, module):
+            trainer.reset_train_dataloader(DataLoader(RandomDataset(32, 3)))
+
+    requested: list = []
+
+    class Model(BoringModel):
+        def train_dataloader(self):
+            requested.append(self.current_epoch)
+            return super().train_dataloader()
+
+    trainer = quiet(max_epochs=1, limit_val_batches=0, callbacks=[Smaller()])
+    trainer.fit(Model())
+    assert trainer.global_step == 3 and trainer.num_training_batches == 3 and requested == []

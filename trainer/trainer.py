@@ -531,6 +531,7 @@ class Trainer:
         if self.module is None or self.state_stage != "fit":
             raise RuntimeError("reset_train_dataloader() can only be called while fit() runs.")
         self._set_train_dataloader(loader, "reset_train_dataloader(loader)")
+        self._last_train_reload_epoch = self.current_epoch  # fit keeps it (until reload_dataloaders_every_n_epochs)
 
     def _set_train_dataloader(self, loader: Any, argument: str, agree: bool = True) -> None:
         [self._train_dataloader] = self._prepare_loaders([data_utils.as_training_loader(loader)], argument, training=True,

@@ -128,7 +128,9 @@ def test_the_members_lightning_callbacks_read():
     trainer.test(model, test_loaders, verbose=False)
     assert trainer.test_dataloaders == test_loaders and trainer.num_test_batches == [2, 3]
     trainer.predict(model, data(2))
-    assert trainer.num_predict_batches == [1] and len(trainer.predict_dataloaders) == 1
+    assert trainer.num_predict_batches == [1] and isinstance(trainer.predict_dataloaders, DataLoader)
+    trainer.validate(model, {"a": data(4), "b": data(2)}, verbose=False)  # given back in the shape passed
+    assert list(trainer.val_dataloaders) == ["a", "b"] and trainer.num_val_batches == [2, 1]
 
     without_val = Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
                           enable_progress_bar=False, limit_val_batches=0)  # fmt: skip

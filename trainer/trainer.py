@@ -184,7 +184,9 @@ class Trainer:
         self._last_train_reload_epoch: Optional[int] = None
         self._train_batches_agreed = False  # num_training_batches agreed across ranks
         self._last_val_reload_epoch: float = -math.inf
-        self._eval_data: dict[str, tuple[list[Any], list[float]]] = {}  # validate/test/predict: loaders, limits
+        self._eval_data: dict[str, tuple[list[Any], list[float], Any]] = {}  # validate/test/predict: loaders,
+        self._eval_given: Any = None  # limits, and the loaders as given (their shape)
+        self._val_given: Any = None  # fit's validation loaders as given
         self._state_fn: Optional[TrainerFn] = None
         self._status = TrainerStatus.INITIALIZING
         self._hooks: Optional[HookDispatcher] = None
@@ -331,7 +333,7 @@ class Trainer:
             limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
             limits = [data_utils.limited_batches(dl, limit, f"limit_{'val' if stage == 'validate' else 'test'}_batches")
                       for dl in loaders]  # fmt: skip
-            self._eval_data[stage] = (loaders, limits)
+            self._eval_data[stage] = (loaders, limits, self._eval_given)
             self._set_eval_sampler_epochs(loaders)
             self._setup_module(model)
             if ckpt_path is not None:
@@ -348,7 +350,7 @@ class Trainer:
         with self._stage("predict", model, datamodule):
             loaders = self._eval_loaders(dataloaders, datamodule, model, "predict_dataloader", "predict(dataloaders=...)")
             limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
-            self._eval_data["predict"] = (loaders, limits)
+            self._eval_data["predict"] = (loaders, limits, self._eval_given)
             self._set_eval_sampler_epochs(loaders)
             self._setup_module(model)
             if ckpt_path is not None:
@@ -459,9 +461,10 @@ class Trainer:
         if not self.sanity_checking or every_val is None or (epoch + 1) % every_val == 0:
             self._last_val_reload_epoch = epoch
         _, val, datamodule = self._fit_sources
-        loaders = data_utils.as_loader_list(data_utils.loader_from(val, datamodule, self.module, "val_dataloader"))
-        self._val_dataloaders = self._prepare_loaders(loaders, "val_dataloaders", training=False,
-                                                      overfit=self.overfit_batches)  # fmt: skip
+        given = data_utils.loader_from(val, datamodule, self.module, "val_dataloader")
+        self._val_dataloaders = self._prepare_loaders(data_utils.as_loader_list(given), "val_dataloaders",
+                                                      training=False, overfit=self.overfit_batches)  # fmt: skip
+        self._val_given = given
         self._val_batch_limits = [data_utils.limited_batches(dl, self.limit_val_batches, "limit_val_batches")
                                   for dl in self._val_dataloaders]  # fmt: skip
         self._val_loaded = True
@@ -476,11 +479,13 @@ class Trainer:
 
     def _eval_loaders(self, loaders: Any, datamodule: Optional[DataModule], model: TrainModule,
                       source: str, argument: str) -> list[Any]:  # fmt: skip
-        loaders = data_utils.as_loader_list(data_utils.loader_from(loaders, datamodule, model, source))
+        given = data_utils.loader_from(loaders, datamodule, model, source)
+        loaders = data_utils.as_loader_list(given)
         if not loaders:
             raise ConfigurationError(
                 f"No data: pass {argument}, a datamodule with {source}(), or implement {source}() on the module."
             )
+        self._eval_given = given  # the shape test_dataloaders & co. give the loaders back in
         return self._prepare_loaders(loaders, argument, training=False)
 
     def _prepare_loaders(self, loaders: list[Any], argument: str, training: bool, overfit: float = 0) -> list[Any]:
@@ -717,8 +722,8 @@ class Trainer:
     def val_dataloaders(self) -> Any:
         """The validation dataloader(s) of the running (or last) ``fit`` or ``validate``."""
         if self._state_fn == TrainerFn.VALIDATING and "validate" in self._eval_data:
-            return _one_or_all(self._eval_data["validate"][0])
-        return _one_or_all(self._val_dataloaders)
+            return data_utils.in_given_shape(*self._eval_data["validate"][::2])
+        return data_utils.in_given_shape(self._val_dataloaders, self._val_given)
 
     @property
     def num_val_batches(self) -> list[float]:
@@ -847,12 +852,12 @@ class Trainer:
     @property
     def test_dataloaders(self) -> Any:
         """The test dataloader(s) of the running (or last) ``test``."""
-        return _one_or_all(self._eval_data["test"][0]) if "test" in self._eval_data else None
+        return data_utils.in_given_shape(*self._eval_data["test"][::2]) if "test" in self._eval_data else None
 
     @property
     def predict_dataloaders(self) -> Any:
         """The prediction dataloader(s) of the running (or last) ``predict``."""
-        return _one_or_all(self._eval_data["predict"][0]) if "predict" in self._eval_data else None
+        return data_utils.in_given_shape(*self._eval_data["predict"][::2]) if "predict" in self._eval_data else None
 
     @property
     def num_test_batches(self) -> list[float]:
@@ -890,9 +895,3 @@ class Trainer:
         return f"Trainer({fields})"
 
 
-
-def _one_or_all(loaders: list[Any]) -> Any:
-    """One loader as itself, several as the list, none as ``None`` (what Lightning's dataloader members return)."""
-    if not loaders:
-        return None
-    return loaders[0] if len(loaders) == 1 else loaders

@@ -30,6 +30,24 @@ def as_loader_list(loaders: Any) -> list[Any]:
     return [loaders]
 
 
+def in_given_shape(loaders: list[Any], given: Any) -> Any:
+    """The prepared ``loaders`` (from :func:`as_loader_list`) in the shape they were ``given``, as Lightning's
+    ``val_dataloaders``/``test_dataloaders``/``predict_dataloaders`` give them back: one loader, a list, a dict,
+    or a CombinedLoader's ``iterables``; ``None`` when there are none."""
+    from trainer.data.combined_loader import CombinedLoader
+
+    if not loaders:
+        return None
+    if isinstance(given, CombinedLoader):
+        combined = given.with_loaders(loaders) if given.mode == "sequential" else loaders[0]
+        return combined.iterables
+    if isinstance(given, Mapping):
+        return dict(zip(given, loaders))
+    if isinstance(given, (list, tuple)):
+        return list(loaders)
+    return loaders[0]
+
+
 def as_training_loader(loader: Any) -> Any:
     """Training data as the loop iterates it: a list/tuple holding DataLoaders, or a dict of them, becomes a
     ``CombinedLoader`` in ``max_size_cycle`` mode (Lightning's default), so each step gets one batch of each."""

@@ -389,7 +389,8 @@ def test_two_ddp_ranks_request_loaders_as_lightning_and_a_rank_zero_read_does_no
                               ["train_dataloader", 1], ["val_dataloader", 1, False]]  # fmt: skip
     # Rank 0's callback read trainer.train_dataloader in on_fit_start: that requested it early (already split in
     # two by the distributed sampler), without a collective, and the ranks still agree on 4 batches.
-    assert rank0["calls"] == [["train_dataloader", 0], ["read", 4]] + [c for c in rank1["calls"] if c[0] != "train_dataloader" or c[1] != 0]
+    rest = [call for call in rank1["calls"] if call != ["train_dataloader", 0]]
+    assert rank0["calls"] == [["train_dataloader", 0], ["read", 4]] + rest
     assert rank0["val_batches"] == rank1["val_batches"] == 2 + 2 * 2  # sanity check, then 2 epochs of 2 per rank
     assert rank0["state"] == rank1["state"] == ["fit", "finished"]
 

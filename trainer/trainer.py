@@ -328,6 +328,10 @@ class Trainer:
     def _evaluate_impl(self, stage: str, model: TrainModule, dataloaders: Any, ckpt_path: Any,
                        datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
         with self._stage(stage, model, datamodule):
+            self._setup_module(model)
+            if ckpt_path is not None:
+                self._checkpoint.restore_weights(ckpt_path)
+            # The loaders are requested after the module's set-up and restore, as Lightning requests them.
             source = "val_dataloader" if stage == "validate" else "test_dataloader"
             loaders = self._eval_loaders(dataloaders, datamodule, model, source, f"{stage}(dataloaders=...)")
             limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
@@ -335,9 +339,6 @@ class Trainer:
                       for dl in loaders]  # fmt: skip
             self._eval_data[stage] = (loaders, limits, self._eval_given)
             self._set_eval_sampler_epochs(loaders)
-            self._setup_module(model)
-            if ckpt_path is not None:
-                self._checkpoint.restore_weights(ckpt_path)
             results = self._metrics.new_collection(stage)
             outputs = EvaluationLoop(self, stage).run(loaders, limits, results)
             if verbose and self.is_global_zero:
@@ -348,13 +349,13 @@ class Trainer:
     def _predict_impl(self, model: TrainModule, dataloaders: Any, datamodule: Optional[DataModule],
                       return_predictions: bool, ckpt_path: Any) -> Any:  # fmt: skip
         with self._stage("predict", model, datamodule):
+            self._setup_module(model)
+            if ckpt_path is not None:
+                self._checkpoint.restore_weights(ckpt_path)
             loaders = self._eval_loaders(dataloaders, datamodule, model, "predict_dataloader", "predict(dataloaders=...)")
             limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
             self._eval_data["predict"] = (loaders, limits, self._eval_given)
             self._set_eval_sampler_epochs(loaders)
-            self._setup_module(model)
-            if ckpt_path is not None:
-                self._checkpoint.restore_weights(ckpt_path)
             return PredictionLoop(self).run(loaders, limits, return_predictions)
 
     @contextlib.contextmanager

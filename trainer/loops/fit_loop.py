@@ -10,7 +10,8 @@
     configure_optimizers() → strategy.setup_optimizers(...)
     [restore ckpt_path]                          # on_load_checkpoint: callbacks → module
     on_fit_start                                 # callbacks → module
-    [sanity check]                               # on_sanity_check_start, val_dataloader(), validation loop, on_sanity_check_end
+    [sanity check]                               # on_sanity_check_start, val_dataloader(), validation loop,
+                                                 # on_sanity_check_end
     train_dataloader()                           # (earlier if something read trainer.train_dataloader)
     on_train_start
     [restored fit: the saved RNG is put back]

@@ -326,6 +326,7 @@ def test_a_whole_float_above_one_counts_batches_as_in_lightning():
     trainer.fit(model)
     trainer.test(model, verbose=False)
     assert trainer.global_step == 2 and trainer.num_test_batches == [64]
+    assert quiet(val_check_interval=2.0, overfit_batches=3.0).val_check_interval == 2
     with pytest.raises(ConfigurationError, match=r"limit_test_batches=1.5 is a fraction outside \[0.0, 1.0\]"):
         quiet(limit_test_batches=1.5)
 

@@ -179,3 +179,16 @@ def test_the_migration_tables_trainer_members_exist_or_give_a_reason():
     assert not wrong, f"rows that do not match the Trainer: {wrong}"
     assert {"state", "test_dataloaders", "progress_bar_callback", "accelerator", "num_devices", "num_test_batches",
             "early_stopping_callback", "enable_validation"} <= {n for n, (status, _) in rows.items() if status == "same"}
+
+
+def test_is_last_batch_marks_each_epochs_last_training_batch():
+    marks: list = []
+
+    class Marks(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            marks.append(trainer.is_last_batch)
+
+    trainer = Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, callbacks=[Marks()])  # fmt: skip
+    trainer.fit(Model(), data(6))
+    assert marks == [False, False, True] * 2

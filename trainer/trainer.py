@@ -877,6 +877,12 @@ class Trainer:
         return [min(steps, limit) for limit in self._val_batch_limits]
 
     @property
+    def is_last_batch(self) -> bool:
+        """True while fit runs the last training batch of its epoch."""
+        epoch_loop = self.fit_loop.epoch_loop
+        return bool(epoch_loop is not None and epoch_loop.is_last_batch)
+
+    @property
     def received_sigterm(self) -> bool:
         """True once this process got SIGTERM during fit (the fit then saves ``interrupted.ckpt`` and stops)."""
         return self._faults.signals.received == signal.SIGTERM

@@ -77,6 +77,7 @@ class FitLoop:
     def __init__(self, trainer: "LoopHost") -> None:
         self.trainer = trainer
         self.progress = Progress()
+        self.epoch_loop: Any = None  # the TrainingEpochLoop of the running (or last) fit
 
     @property
     def combined_loader(self) -> Any:
@@ -99,6 +100,7 @@ class FitLoop:
         """Run epochs until :attr:`done`. Assumes set-up (strategy, optimizers, restore) is complete."""
         trainer = self.trainer
         progress = self.progress
+        self.epoch_loop = epoch_loop
         trainer._call_hook("on_train_start")
         trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
         reload_every = trainer.reload_dataloaders_every_n_epochs

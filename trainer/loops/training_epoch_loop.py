@@ -26,6 +26,7 @@ class TrainingEpochLoop:
     def __init__(self, trainer: "LoopHost", optimization: Any) -> None:
         self.trainer = trainer
         self.optimization = optimization
+        self.is_last_batch = False  # the running batch is the epoch's last (``trainer.is_last_batch``)
 
     def val_check_batch(self, num_batches: float) -> int:
         """After how many micro-batches validation runs (0: never in this epoch)."""
@@ -85,6 +86,7 @@ class TrainingEpochLoop:
             trainer._run_validation_in_fit()
 
         for batch, is_last in batches:
+            self.is_last_batch = is_last
             if to_device is not None:
                 batch = to_device(batch)
             results.batch = batch  # its size is inferred only if a logged value needs it

@@ -411,3 +411,38 @@ def test_a_loader_set_in_on_fit_start_is_the_one_fit_trains_on():
     trainer = quiet(max_epochs=1, limit_val_batches=0, callbacks=[Smaller()])
     trainer.fit(Model())
     assert trainer.global_step == 3 and trainer.num_training_batches == 3 and requested == []
+
+
+def test_a_datamodules_batch_transfer_hooks_take_precedence_and_it_hears_of_exceptions():
+    seen: list = []
+
+    class Data(DataModule):
+        def train_dataloader(self):
+            return DataLoader(RandomDataset(32, 4), batch_size=2)
+
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            seen.append("datamodule")
+            return batch * 0
+
+        def on_exception(self, exception):
+            seen.append(f"on_exception: {exception}")
+
+    class Model(BoringModel):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            seen.append("module")
+            return batch
+
+        def training_step(self, batch, batch_idx):
+            assert not batch.any()  # the datamodule's hook ran
+            return super().training_step(batch, batch_idx)
+
+    quiet(max_epochs=1, limit_val_batches=0).fit(Model(), datamodule=Data())
+    assert seen == ["datamodule", "datamodule"]
+
+    class Failing(Model):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        quiet(max_epochs=1, limit_val_batches=0).fit(Failing(), datamodule=Data())
+    assert seen[-1] == "on_exception: boom"

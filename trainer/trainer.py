@@ -386,6 +386,8 @@ class Trainer:
             self._status = TrainerStatus.INTERRUPTED
             for hook in self._hooks.callback_hooks["on_exception"]:
                 hook(self, model, exc)
+            if self.datamodule is not None:
+                self.datamodule.on_exception(exc)
             self._metrics.finalize("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
         finally:

@@ -98,6 +98,21 @@ class DataModule:
                 setattr(datamodule, name, lambda datasets=datasets, shuffle=shuffle: loaders(datasets, shuffle))
         return datamodule
 
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch before it moves to the device; overriding it here takes precedence over the module's."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        """Move a batch (of a type the Trainer cannot move) to ``device``; takes precedence over the module's."""
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch on the device; overriding it here takes precedence over the module's."""
+        return batch
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when fit/validate/test/predict raises (after the callbacks' ``on_exception``)."""
+
     def state_dict(self) -> dict[str, Any]:
         """State to save in checkpoints."""
         return {}

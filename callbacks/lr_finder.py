@@ -102,7 +102,7 @@ class LearningRateFinder(Callback):
         losses: list[float] = []
         average, best = 0.0, math.inf
         try:
-            batches = _cycle(trainer.train_dataloader)
+            batches = _cycle(trainer.fit_loop.combined_loader)
             for step in range(self.num_training_steps):
                 lr = self.lr_at(step)
                 for group, ratio in zip(groups, ratios):

@@ -229,7 +229,7 @@ class StochasticWeightAveraging(Callback):
         """BatchNorm statistics for the averaged weights: one pass over the training data with ``update_bn``."""
         strategy = trainer.strategy
         # Batches moved and converted as training sees them (device, and dtype under "*-true" precisions).
-        batches = (strategy.batch_to_device(batch) for batch in training_batches(trainer.train_dataloader))
+        batches = (strategy.batch_to_device(batch) for batch in training_batches(trainer.fit_loop.combined_loader))
         # isolated_rng: a shuffling loader must not change the random streams the user's code sees next.
         with isolated_rng(), strategy.precision.forward_context():
             update_bn(batches, module)

@@ -42,3 +42,55 @@ class Logger:
     def finalize(self, status: str) -> None:
         """Called once at the end of a run with ``"success"``, ``"failed"`` or ``"interrupted"``."""
         self.save()
+
+
+class DummyExperiment:
+    """An experiment that accepts every call and does nothing: ``experiment.add_scalar(...)``, ``experiment[0]``."""
+
+    def nop(self, *args: Any, **kwargs: Any) -> None:
+        """Accept any arguments; do nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.nop
+
+    def __getitem__(self, index: Any) -> "DummyExperiment":
+        return self
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+class DummyLogger(Logger):
+    """The logger under ``fast_dev_run`` (as in Lightning): records nothing, and its ``experiment`` accepts any
+    call, so a step's ``self.logger.experiment.add_scalar(...)`` runs without writing files."""
+
+    def __init__(self) -> None:
+        self._experiment = DummyExperiment()
+
+    @property
+    def experiment(self) -> DummyExperiment:
+        """An object on which every method call is a no-op."""
+        return self._experiment
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    def __getitem__(self, index: int) -> "DummyLogger":
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other method a logger-specific call expects (``log_image``, ``log_text``, ...): a no-op."""
+        if name.startswith("_"):  # private and special names stay missing (copy, pickle, hasattr checks)
+            raise AttributeError(name)
+
+        def method(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        return method

@@ -108,3 +108,49 @@ def _devices(kind: str, indices: list[int]) -> list[torch.device]:
     if kind == "cpu":
         return [torch.device("cpu")] * len(indices)
     return [torch.device(kind, i) for i in indices]
+
+
+class Accelerator:
+    """The kind of device a run uses, as Lightning's ``trainer.accelerator`` reports it (``isinstance(
+    trainer.accelerator, CUDAAccelerator)``). Devices are chosen by ``Trainer(accelerator=..., devices=...)``;
+    this object only describes them."""
+
+    #: ``"cpu"``, ``"cuda"`` or ``"mps"``: the ``torch.device`` type.
+    name = ""
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether this machine has such a device."""
+        return device_count(cls.name) > 0
+
+    @classmethod
+    def auto_device_count(cls) -> int:
+        """How many devices ``devices="auto"`` uses (on the CPU: one process)."""
+        return 1 if cls.name == "cpu" else device_count(cls.name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class CPUAccelerator(Accelerator):
+    """Processes on the CPU."""
+
+    name = "cpu"
+
+
+class CUDAAccelerator(Accelerator):
+    """NVIDIA GPUs through CUDA."""
+
+    name = "cuda"
+
+
+class MPSAccelerator(Accelerator):
+    """Apple silicon GPUs through MPS."""
+
+    name = "mps"
+
+
+def accelerator_for(device_type: str) -> Accelerator:
+    """The :class:`Accelerator` describing devices of ``device_type`` (a ``torch.device`` type)."""
+    kinds = {cls.name: cls for cls in (CPUAccelerator, CUDAAccelerator, MPSAccelerator)}
+    return kinds.get(device_type, CPUAccelerator)()

@@ -20,9 +20,13 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "nd_parallel": ("trainer.strategies.nd.nd_parallel", "NDParallelStrategy", {}, ""),
     "deepspeed": ("trainer.strategies.data_parallel.deepspeed", "DeepSpeedStrategy", {}, "deepspeed"),
     # Lightning's spellings of common set-ups
-    "ddp_find_unused_parameters_true": ("trainer.strategies.data_parallel.ddp", "DDPStrategy", {"find_unused_parameters": True}, ""),
     "ddp_fork": ("trainer.strategies.data_parallel.ddp", "DDPStrategy", {"start_method": "fork"}, ""),
     "ddp_notebook": ("trainer.strategies.data_parallel.ddp", "DDPStrategy", {"start_method": "fork"}, ""),
+    # Lightning's find_unused_parameters spellings, for every start method
+    **{f"{name}_find_unused_parameters_{str(flag).lower()}": (
+        "trainer.strategies.data_parallel.ddp", "DDPStrategy", {"start_method": method, "find_unused_parameters": flag}, "")
+       for name, method in (("ddp", "popen"), ("ddp_spawn", "spawn"), ("ddp_fork", "fork"), ("ddp_notebook", "fork"))
+       for flag in (False, True)},
     "deepspeed_stage_1": ("trainer.strategies.data_parallel.deepspeed", "DeepSpeedStrategy", {"stage": 1}, "deepspeed"),
     "deepspeed_stage_2": ("trainer.strategies.data_parallel.deepspeed", "DeepSpeedStrategy", {"stage": 2}, "deepspeed"),
     "deepspeed_stage_2_offload": ("trainer.strategies.data_parallel.deepspeed", "DeepSpeedStrategy", {"stage": 2, "offload_optimizer": True},

@@ -99,8 +99,9 @@ def test_evaluation_takes_a_dict_of_loaders_and_refuses_what_is_not_batches():
     trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False)
     trainer.validate(module, {"x": numbered(2), "y": numbered(1, start=5)}, verbose=False)
     assert module.steps == [(0, 0), (0, 1), (1, 5)]
-    with pytest.raises(ConfigurationError, match="CombinedLoader in mode 'min_size' cannot be used there"):
-        trainer.validate(module, CombinedLoader([numbered(2), numbered(1)], "min_size"))
+    module.steps.clear()  # another mode: each step gets a batch of every loader, without dataloader_idx (Lightning)
+    trainer.validate(module, CombinedLoader([numbered(2), numbered(1, start=5)], "min_size"), verbose=False)
+    assert module.steps == [(0, [0, 5])]
     bad = [
         (torch.randn(4, 2), "got Tensor. Wrap tensors in a TensorDataset and a DataLoader"),
         ({"a": numbered(2), "b": torch.randn(3)}, "entry 'b' is a Tensor, which does not yield batches"),

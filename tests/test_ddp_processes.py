@@ -221,6 +221,7 @@ def test_ddp_spawn_hands_rank_zero_state_back_to_the_caller(jobs):
     (caller,) = jobs["spawn"].check_ok()  # only the calling process writes a report: the ranks were spawned
     assert caller["world_size"] == 2
     assert caller["global_step"] == 8 and caller["rank_value"] == pytest.approx(0.5)  # adopted from rank 0
+    assert caller["state"] == ["fit", "finished"]  # trainer.state too, as Lightning's spawn launcher hands it back
     assert_same_weights(caller["weights"], caller["reference"])  # the caller's module holds the trained weights
     assert caller["val_loss_in_fit"] == pytest.approx(caller["val_loss_one_process"], rel=1e-5)
     assert len(caller["best_k_models"]) == 2 and all(os.path.exists(p) for p in caller["best_k_models"])

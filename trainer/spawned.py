@@ -42,15 +42,23 @@ def run_and_pack(trainer: SpawnHost, fn: Callable[..., Any], args: tuple) -> Any
         "callback_metrics": _to_cpu(trainer._metrics.callback_metrics),
         "logged_metrics": _to_cpu(trainer._metrics.logged_metrics),
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+        "state": (trainer._state_fn, trainer._status),  # trainer.state's entry point and status
     }
 
 
 def run_spawned(trainer: SpawnHost, launcher: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """Run ``fn(*args)`` through a launcher whose processes are new, then adopt rank 0's state here."""
     model = next((arg for arg in args if isinstance(arg, TrainModule)), None)
-    packed = launcher.launch(run_and_pack, trainer, fn, args)
+    try:
+        packed = launcher.launch(run_and_pack, trainer, fn, args)
+    except BaseException:
+        from trainer.states import TrainerStatus
+
+        trainer._status = TrainerStatus.INTERRUPTED
+        raise
     if packed is None:
         return None
+    trainer._state_fn, trainer._status = packed["state"]
     if model is not None and packed["state_dict"] is not None:
         model.load_state_dict(packed["state_dict"])
         model.trainer = trainer

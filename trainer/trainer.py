@@ -6,7 +6,10 @@ precision and collectives live in the Strategy; checkpoint contents in :mod:`tra
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import signal
+import sys
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
@@ -14,6 +17,7 @@ import torch
 from trainer.callbacks.callback import Callback
 from trainer.loggers.logger import Logger
 from trainer.loggers.run_folder import agree_versions
+from trainer.strategies.accelerators import Accelerator, accelerator_for
 from trainer.strategies.connector import build_strategy
 from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
 from trainer.strategies.speed.compile import check_compile
@@ -22,6 +26,8 @@ from trainer.strategies.rank import rank_zero_warn
 from trainer.strategies.strategy import Strategy
 from trainer.data import loaders as data_utils
 from trainer.checkpoint import auto_resume
+from trainer.checkpoint.data_position import set_sampler_epoch
+from trainer.data.combined_loader import CombinedLoader
 from trainer.faults import slurm_requeue
 from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
                                       checkpoints_last, validate_arguments, with_max_time)
@@ -49,6 +55,11 @@ from trainer.profiler.profilers import Profiler, build_profiler
 from trainer.reproducibility import torch_flags
 from trainer.reproducibility.seed import isolated_rng, seed_everything
 from trainer.spawned import run_spawned
+from trainer import states
+from trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
+
+# Lightning's ``lightning.pytorch.trainer.states`` under the rename (trainer.X for lightning.pytorch.X).
+sys.modules.setdefault(f"{__name__}.states", states)
 
 
 class Trainer:
@@ -157,9 +168,6 @@ class Trainer:
         self.module: Optional[TrainModule] = None
         self.datamodule: Optional[DataModule] = None
         self.should_stop = False
-        #: True when the last fit/validate/test/predict ended early: an exception, a stop signal or Ctrl-C (after
-        #: ``interrupted.ckpt`` was saved), or a non-finite loss (also under ``on_nonfinite_loss="warn"``).
-        self.interrupted = False
         self.sanity_checking = False
         self.state_stage: Optional[str] = None
         self.fit_loop = FitLoop(self)
@@ -178,6 +186,17 @@ class Trainer:
         self._val_batch_limits: list[float] = []
         self.num_training_batches: float = 0
         self._val_enabled = False
+        # fit's data sources, requested when first needed (validation's in the sanity check, training's after it)
+        self._fit_sources: tuple[Any, Any, Optional[DataModule]] = (None, None, None)
+        self._val_loaded = False
+        self._last_train_reload_epoch: Optional[int] = None
+        self._train_batches_agreed = False  # num_training_batches agreed across ranks
+        self._last_val_reload_epoch: float = -math.inf
+        self._eval_data: dict[str, tuple[list[Any], list[float], Any]] = {}  # validate/test/predict: loaders,
+        self._eval_given: Any = None  # limits, and the loaders as given (their shape)
+        self._val_given: Any = None  # fit's validation loaders as given
+        self._state_fn: Optional[TrainerFn] = None
+        self._status = TrainerStatus.INITIALIZING
         self._hooks: Optional[HookDispatcher] = None
         #: Functions ``iterator -> iterator`` applied to each epoch's training iterator (e.g. to time ``next()``);
         #: applied once per epoch, so the loop pays nothing when the list is empty.
@@ -280,9 +299,8 @@ class Trainer:
 
     def _fit_impl(self, model: TrainModule, train_dataloaders: Any, val_dataloaders: Any,
                   datamodule: Optional[DataModule], ckpt_path: Any) -> None:  # fmt: skip
+        self._begin_fit_data(model, train_dataloaders, val_dataloaders, datamodule)
         with self._stage("fit", model, datamodule):
-            self._fit_sources = (train_dataloaders, val_dataloaders, datamodule)  # reload_dataloaders_every_n_epochs
-            self._setup_fit_data(model, train_dataloaders, val_dataloaders, datamodule)
             if self.sync_batchnorm:
                 sync_batchnorm_layers(model, self.strategy)
             self._setup_module(model)
@@ -301,6 +319,7 @@ class Trainer:
                 self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses
                 self._run_sanity_check()
+                self._load_train_data_once()  # after the sanity check, as Lightning requests it
                 epoch_loop = TrainingEpochLoop(self, self._optimization)
                 self._results = self._metrics.train
                 with torch.autograd.set_detect_anomaly(True) if self.detect_anomaly else contextlib.nullcontext():
@@ -323,14 +342,17 @@ class Trainer:
     def _evaluate_impl(self, stage: str, model: TrainModule, dataloaders: Any, ckpt_path: Any,
                        datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
         with self._stage(stage, model, datamodule):
+            self._setup_module(model)
+            if ckpt_path is not None:
+                self._checkpoint.restore_weights(ckpt_path)
+            # The loaders are requested after the module's set-up and restore, as Lightning requests them.
             source = "val_dataloader" if stage == "validate" else "test_dataloader"
             loaders = self._eval_loaders(dataloaders, datamodule, model, source, f"{stage}(dataloaders=...)")
             limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
             limits = [data_utils.limited_batches(dl, limit, f"limit_{'val' if stage == 'validate' else 'test'}_batches")
                       for dl in loaders]  # fmt: skip
-            self._setup_module(model)
-            if ckpt_path is not None:
-                self._checkpoint.restore_weights(ckpt_path)
+            self._eval_data[stage] = (loaders, limits, self._eval_given)
+            self._set_eval_sampler_epochs(loaders)
             results = self._metrics.new_collection(stage)
             outputs = EvaluationLoop(self, stage).run(loaders, limits, results)
             if verbose and self.is_global_zero:
@@ -341,18 +363,20 @@ class Trainer:
     def _predict_impl(self, model: TrainModule, dataloaders: Any, datamodule: Optional[DataModule],
                       return_predictions: bool, ckpt_path: Any) -> Any:  # fmt: skip
         with self._stage("predict", model, datamodule):
-            loaders = self._eval_loaders(dataloaders, datamodule, model, "predict_dataloader", "predict(dataloaders=...)")
-            limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
             self._setup_module(model)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
+            loaders = self._eval_loaders(dataloaders, datamodule, model, "predict_dataloader", "predict(dataloaders=...)")
+            limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
+            self._eval_data["predict"] = (loaders, limits, self._eval_given)
+            self._set_eval_sampler_epochs(loaders)
             return PredictionLoop(self).run(loaders, limits, return_predictions)
 
     @contextlib.contextmanager
     def _stage(self, stage: str, model: TrainModule, datamodule: Optional[DataModule]):
         """Set-up common to every stage; on_exception and teardown however the stage ends."""
         self.state_stage = stage
-        self.interrupted = False
+        self._state_fn, self._status = TrainerFn(stage), TrainerStatus.RUNNING
         self.strategy.setup_environment()
         if self.strategy.world_size > 1 and self.loggers:
             agree_versions(self.loggers, self.strategy.broadcast)  # rank 0 claimed the version folder
@@ -374,10 +398,14 @@ class Trainer:
             yield
             self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
             finished = True
+            if self._status is not TrainerStatus.INTERRUPTED:  # a stop signal or a non-finite loss said otherwise
+                self._status = TrainerStatus.FINISHED
         except BaseException as exc:
-            self.interrupted = True
+            self._status = TrainerStatus.INTERRUPTED
             for hook in self._hooks.callback_hooks["on_exception"]:
                 hook(self, model, exc)
+            if self.datamodule is not None:
+                self.datamodule.on_exception(exc)
             self._metrics.finalize("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
         finally:
@@ -416,34 +444,79 @@ class Trainer:
             self.callbacks = checkpoints_last([cb for cb in self.callbacks if type(cb) not in replaced] + extra)
         return self.callbacks
 
-    def _setup_fit_data(self, model: TrainModule, train: Any, val: Any, datamodule: Optional[DataModule]) -> None:
-        self._set_train_dataloader(data_utils.fit_train_loader(train, datamodule, model), "train_dataloaders")
-        self._val_dataloaders, self._val_batch_limits = [], []
-        if overrides(model, TrainModule, "validation_step") and self.limit_val_batches != 0:
-            loaders = data_utils.as_loader_list(data_utils.loader_from(val, datamodule, model, "val_dataloader"))
-            self._val_dataloaders = self._prepare_loaders(loaders, "val_dataloaders", training=False)
-            self._val_batch_limits = [data_utils.limited_batches(dl, self.limit_val_batches, "limit_val_batches")
-                                      for dl in self._val_dataloaders]  # fmt: skip
-        elif val is not None and not overrides(model, TrainModule, "validation_step"):
+    def _begin_fit_data(self, model: TrainModule, train: Any, val: Any, datamodule: Optional[DataModule]) -> None:
+        """Remember where fit's data comes from. As in Lightning, nothing is requested yet: the validation loaders
+        when validation first runs (the sanity check), the training loader after the sanity check (or when
+        something reads ``train_dataloader``/``estimated_stepping_batches`` before)."""
+        self._fit_sources = (train, val, datamodule)
+        self._train_dataloader, self._last_train_reload_epoch = None, None
+        self._val_dataloaders, self._val_batch_limits, self._val_loaded = [], [], False
+        self._last_val_reload_epoch = -math.inf
+        has_step = overrides(model, TrainModule, "validation_step")
+        if val is not None and not has_step:
             rank_zero_warn(f"fit() got val_dataloaders, but {type(model).__name__} has no validation_step: "
                            "validation is skipped. Implement validation_step to validate during fit.")  # fmt: skip
+        self._val_enabled = (has_step and self.limit_val_batches != 0
+                             and data_utils.source_defined(val, datamodule, model, "val_dataloader"))  # fmt: skip
+
+    def _load_train_data_once(self) -> None:
+        """Request the training loader(s) unless this fit already has them; every rank calls this at the same
+        point, so the batch count is agreed across ranks here if an earlier read requested them on one rank."""
+        if self._last_train_reload_epoch is None:
+            self._load_train_data()
+        elif not self._train_batches_agreed:
+            self._agree_on_train_batches()
+
+    def _load_train_data(self, agree: bool = True) -> None:
+        train, _, datamodule = self._fit_sources
+        self._set_train_dataloader(data_utils.fit_train_loader(train, datamodule, self.module), "train_dataloaders",
+                                   agree)  # fmt: skip
+        self._last_train_reload_epoch = self.current_epoch
+
+    def _load_val_data(self) -> None:
+        """Request fit's validation loaders where Lightning does: the first time validation runs, then again when
+        ``reload_dataloaders_every_n_epochs`` epochs passed since the last request (counted from a validating epoch)."""
+        every, epoch = self.reload_dataloaders_every_n_epochs, self.current_epoch
+        if self._val_loaded and not (every and epoch - self._last_val_reload_epoch >= every):
+            return
+        every_val = self.check_val_every_n_epoch
+        if not self.sanity_checking or every_val is None or (epoch + 1) % every_val == 0:
+            self._last_val_reload_epoch = epoch
+        _, val, datamodule = self._fit_sources
+        given = data_utils.loader_from(val, datamodule, self.module, "val_dataloader")
+        self._val_dataloaders = self._prepare_loaders(data_utils.as_loader_list(given), "val_dataloaders",
+                                                      training=False, overfit=self.overfit_batches)  # fmt: skip
+        self._val_given = given
+        self._val_batch_limits = [data_utils.limited_batches(dl, self.limit_val_batches, "limit_val_batches")
+                                  for dl in self._val_dataloaders]  # fmt: skip
+        self._val_loaded = True
         self._val_enabled = any(limit > 0 for limit in self._val_batch_limits)
+
+    def _set_eval_sampler_epochs(self, loaders: list[Any]) -> None:
+        """Each evaluation loader's sampler gets ``set_epoch`` (the epochs fit completed), as in Lightning, for
+        samplers that shuffle validation by the training progress."""
+        for loader in loaders:
+            for child in loader.flattened if isinstance(loader, CombinedLoader) else [loader]:
+                set_sampler_epoch(child, self.current_epoch)
 
     def _eval_loaders(self, loaders: Any, datamodule: Optional[DataModule], model: TrainModule,
                       source: str, argument: str) -> list[Any]:  # fmt: skip
-        loaders = data_utils.as_loader_list(data_utils.loader_from(loaders, datamodule, model, source))
+        given = data_utils.loader_from(loaders, datamodule, model, source)
+        loaders = data_utils.as_loader_list(given)
         if not loaders:
             raise ConfigurationError(
                 f"No data: pass {argument}, a datamodule with {source}(), or implement {source}() on the module."
             )
+        self._eval_given = given  # the shape test_dataloaders & co. give the loaders back in
         return self._prepare_loaders(loaders, argument, training=False)
 
-    def _prepare_loaders(self, loaders: list[Any], argument: str, training: bool) -> list[Any]:
-        """Check each loader and split it across ranks (the training loader gets a shuffling sampler)."""
+    def _prepare_loaders(self, loaders: list[Any], argument: str, training: bool, overfit: float = 0) -> list[Any]:
+        """Check each loader and split it across ranks (the training loader gets a shuffling sampler); fit's
+        loaders under ``overfit_batches`` read in order."""
         sampler_kwargs = self.strategy.distributed_sampler_kwargs
         pin = self.strategy.root_device.type == "cuda"
         return [data_utils.ready_loader(dl, argument, training, sampler_kwargs, self.use_distributed_sampler,
-                                        self.overfit_batches, pin) for dl in loaders]  # fmt: skip
+                                        overfit, pin) for dl in loaders]  # fmt: skip
 
     def _setup_module(self, model: TrainModule) -> None:
         """Activation checkpointing, the strategy's placing and wrapping, then ``compile`` where the wrapper needs it."""
@@ -488,25 +561,36 @@ class Trainer:
         if self.module is None or self.state_stage != "fit":
             raise RuntimeError("reset_train_dataloader() can only be called while fit() runs.")
         self._set_train_dataloader(loader, "reset_train_dataloader(loader)")
+        self._last_train_reload_epoch = self.current_epoch  # fit keeps it (until reload_dataloaders_every_n_epochs)
 
-    def _set_train_dataloader(self, loader: Any, argument: str) -> None:
-        [self._train_dataloader] = self._prepare_loaders([data_utils.as_training_loader(loader)], argument, training=True)
+    def _set_train_dataloader(self, loader: Any, argument: str, agree: bool = True) -> None:
+        [self._train_dataloader] = self._prepare_loaders([data_utils.as_training_loader(loader)], argument, training=True,
+                                                         overfit=self.overfit_batches)  # fmt: skip
         self.num_training_batches = data_utils.limited_batches(self._train_dataloader, self.limit_train_batches,
                                                                "limit_train_batches")  # fmt: skip
+        self._train_batches_agreed = False
+        if agree:
+            self._agree_on_train_batches()
+
+    def _agree_on_train_batches(self) -> None:
         if self.strategy.world_size > 1:  # ranks that run different batch counts would deadlock in DDP
             self.num_training_batches = balance_training_batches(self.strategy.reduce, self.num_training_batches)
+        self._train_batches_agreed = True
 
     def _run_sanity_check(self) -> None:
         steps = self.num_sanity_val_steps
         if not self._val_enabled or steps == 0 or self.fit_loop.progress.global_step > 0:
             return
-        limits = [limit if steps == -1 else min(steps, limit) for limit in self._val_batch_limits]
         self.sanity_checking = True
         try:
             with isolated_rng():  # a check must not change the training that follows
                 for hook in self._hooks.callback_hooks["on_sanity_check_start"]:
                     hook(self, self.module)
-                EvaluationLoop(self, "validate").run(self._val_dataloaders, limits, self._metrics.val, False)
+                self._load_val_data()  # inside the isolated RNG, as Lightning requests it
+                limits = [limit if steps == -1 else min(steps, limit) for limit in self._val_batch_limits]
+                if any(limit > 0 for limit in limits):
+                    self._set_eval_sampler_epochs(self._val_dataloaders)
+                    EvaluationLoop(self, "validate").run(self._val_dataloaders, limits, self._metrics.val, False)
                 for hook in self._hooks.callback_hooks["on_sanity_check_end"]:
                     hook(self, self.module)
         finally:
@@ -515,6 +599,11 @@ class Trainer:
 
     def _run_validation_in_fit(self) -> None:
         progress = self.fit_loop.progress
+        self._load_val_data()
+        if not self._val_enabled:  # the loaders hold no batches
+            progress.val_pending = False
+            return
+        self._set_eval_sampler_epochs(self._val_dataloaders)
 
         def mark_done() -> None:
             progress.val_pending = False  # a checkpoint saved in on_validation_end must not re-run this validation
@@ -529,8 +618,11 @@ class Trainer:
                 and (self.min_steps is None or self.global_step >= self.min_steps))  # fmt: skip
 
     def _reload_fit_dataloaders(self) -> None:
-        """``reload_dataloaders_every_n_epochs``: ask the module/datamodule for its loaders again."""
-        self._setup_fit_data(self.module, *self._fit_sources)
+        """``reload_dataloaders_every_n_epochs``: at an epoch's start, ask for the training loader again once that
+        many epochs passed since the last request (validation's are asked again when validation runs)."""
+        every, last = self.reload_dataloaders_every_n_epochs, self._last_train_reload_epoch
+        if every and (last is None or self.current_epoch - last >= every):
+            self._load_train_data()
 
     def _call_hook(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return self._hooks(self, name, *args, **kwargs)
@@ -639,23 +731,37 @@ class Trainer:
 
     @property
     def train_dataloader(self) -> Any:
-        """The training dataloader in use (after distributed sampler injection)."""
+        """The training dataloader(s) in use (after distributed sampler injection), in the shape given, as in
+        Lightning: one loader, or the list/dict of loaders (a ``CombinedLoader``'s ``iterables``). During fit the
+        first read requests them. The batches the loop iterates: ``trainer.fit_loop.combined_loader``."""
+        loader = self._training_data()
+        return loader.iterables if isinstance(loader, CombinedLoader) else loader
+
+    def _training_data(self) -> Any:
+        """Fit's training data as the loop iterates it (a ``CombinedLoader`` for several loaders)."""
+        if self._last_train_reload_epoch is None and self.state_stage == "fit":
+            self._load_train_data(agree=False)  # maybe on one rank only: no collective here
         return self._train_dataloader
 
     @property
     def val_dataloaders(self) -> Any:
-        """The validation dataloader(s) in use."""
-        loaders = self._val_dataloaders
-        return loaders[0] if len(loaders) == 1 else loaders
+        """The validation dataloader(s) of the running (or last) ``fit`` or ``validate``."""
+        if self._state_fn == TrainerFn.VALIDATING and "validate" in self._eval_data:
+            return data_utils.in_given_shape(*self._eval_data["validate"][::2])
+        return data_utils.in_given_shape(self._val_dataloaders, self._val_given)
 
     @property
     def num_val_batches(self) -> list[float]:
-        """Batches run per validation dataloader."""
+        """Batches run per validation dataloader (of ``validate`` while it runs, else of fit)."""
+        if self._state_fn == TrainerFn.VALIDATING and "validate" in self._eval_data:
+            return list(self._eval_data["validate"][1])
         return list(self._val_batch_limits)
 
     @property
     def estimated_stepping_batches(self) -> float:
-        """Optimizer steps the whole fit will take (for OneCycleLR-style schedulers in configure_optimizers)."""
+        """Optimizer steps the whole fit will take (for OneCycleLR-style schedulers in configure_optimizers; the
+        training loader is requested for it if fit has not yet)."""
+        self._training_data()
         per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches) if self.num_training_batches else 0
         if self.max_epochs == -1:
             total = float("inf")
@@ -685,6 +791,138 @@ class Trainer:
         """True during predict()."""
         return self.state_stage == "predict"
 
+    # ------------------------------------------------------------------ more of Lightning's Trainer members
+    @property
+    def state(self) -> TrainerState:
+        """``.fn`` (the entry point called last), ``.stage`` (what runs now, ``None`` between entry points) and
+        ``.status`` (running, finished or interrupted), with Lightning's values (:mod:`trainer.states`)."""
+        if self.state_stage is None:
+            stage = None
+        elif self.sanity_checking:
+            stage = RunningStage.SANITY_CHECKING
+        elif self.validating:
+            stage = RunningStage.VALIDATING
+        else:
+            stage = {"fit": RunningStage.TRAINING, "validate": RunningStage.VALIDATING, "test": RunningStage.TESTING,
+                     "predict": RunningStage.PREDICTING}[self.state_stage]  # fmt: skip
+        return TrainerState(status=self._status, fn=self._state_fn, stage=stage)
+
+    @property
+    def interrupted(self) -> bool:
+        """True when the last fit/validate/test/predict ended early: an exception, a stop signal or Ctrl-C (after
+        ``interrupted.ckpt`` was saved), or a non-finite loss (also under ``on_nonfinite_loss="warn"``); then
+        ``state.status`` is ``"interrupted"``."""
+        return self._status == TrainerStatus.INTERRUPTED
+
+    @interrupted.setter
+    def interrupted(self, value: bool) -> None:
+        if value:
+            self._status = TrainerStatus.INTERRUPTED
+
+    @property
+    def evaluating(self) -> bool:
+        """True during validation (also inside fit and the sanity check) and test."""
+        return self.sanity_checking or self.validating or self.testing
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """The kind of device used: ``CPUAccelerator``, ``CUDAAccelerator`` or ``MPSAccelerator``
+        (:mod:`trainer.accelerators`)."""
+        return accelerator_for(self.strategy.root_device.type)
+
+    @property
+    def device_ids(self) -> list[int]:
+        """The device index of each process on this node (on the CPU: 0, 1, ... per process)."""
+        devices = getattr(self.strategy, "parallel_devices", None) or [self.strategy.root_device]
+        return [device.index if device.index is not None else i for i, device in enumerate(devices)]
+
+    @property
+    def num_devices(self) -> int:
+        """Devices (processes) per node."""
+        return len(self.device_ids)
+
+    @property
+    def precision_plugin(self) -> Any:
+        """The strategy's precision plugin."""
+        return self.strategy.precision
+
+    @property
+    def scaler(self) -> Any:
+        """The ``16-mixed`` gradient scaler, else ``None``."""
+        return getattr(self.strategy.precision, "scaler", None)
+
+    @property
+    def distributed_sampler_kwargs(self) -> Optional[dict[str, int]]:
+        """``num_replicas``/``rank`` of the distributed samplers, ``None`` in a single process."""
+        return self.strategy.distributed_sampler_kwargs
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether fit validates: ``validation_step`` implemented, validation data given and batches allowed."""
+        return bool(self._val_enabled)
+
+    @property
+    def early_stopping_callbacks(self) -> list[Callback]:
+        """Every ``EarlyStopping`` callback."""
+        from trainer.callbacks.early_stopping import EarlyStopping
+
+        return [cb for cb in self.callbacks if isinstance(cb, EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self) -> Optional[Callback]:
+        """The first ``EarlyStopping`` callback, or ``None``."""
+        found = self.early_stopping_callbacks
+        return found[0] if found else None
+
+    @property
+    def progress_bar_callback(self) -> Optional[Callback]:
+        """The progress bar (``RichProgressBar``), or ``None`` (``enable_progress_bar=False``)."""
+        from trainer.callbacks.rich_progress import RichProgressBar
+
+        return next((cb for cb in self.callbacks if isinstance(cb, RichProgressBar)), None)
+
+    @property
+    def test_dataloaders(self) -> Any:
+        """The test dataloader(s) of the running (or last) ``test``."""
+        return data_utils.in_given_shape(*self._eval_data["test"][::2]) if "test" in self._eval_data else None
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        """The prediction dataloader(s) of the running (or last) ``predict``."""
+        return data_utils.in_given_shape(*self._eval_data["predict"][::2]) if "predict" in self._eval_data else None
+
+    @property
+    def num_test_batches(self) -> list[float]:
+        """Batches run per test dataloader."""
+        return list(self._eval_data["test"][1]) if "test" in self._eval_data else []
+
+    @property
+    def num_predict_batches(self) -> list[float]:
+        """Batches run per prediction dataloader."""
+        return list(self._eval_data["predict"][1]) if "predict" in self._eval_data else []
+
+    @property
+    def num_sanity_val_batches(self) -> list[float]:
+        """Batches the sanity check runs per validation dataloader."""
+        steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
+        return [min(steps, limit) for limit in self._val_batch_limits]
+
+    @property
+    def is_last_batch(self) -> bool:
+        """True while fit runs the last training batch of its epoch."""
+        epoch_loop = self.fit_loop.epoch_loop
+        return bool(epoch_loop is not None and epoch_loop.is_last_batch)
+
+    @property
+    def received_sigterm(self) -> bool:
+        """True once this process got SIGTERM during fit (the fit then saves ``interrupted.ckpt`` and stops)."""
+        return self._faults.signals.received == signal.SIGTERM
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank 0 only."""
+        if self.is_global_zero:
+            print(*args, **kwargs)
+
     def __repr__(self) -> str:
         # Never raises, also for a Trainer whose __init__ failed half-way (pytest prints it in tracebacks).
         try:
@@ -693,4 +931,5 @@ class Trainer:
         except Exception:  # noqa: BLE001 - a repr must not raise
             fields = "..."
         return f"Trainer({fields})"
+
 

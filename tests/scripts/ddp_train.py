@@ -188,6 +188,7 @@ def main() -> None:
         "rank_value": float(trainer.callback_metrics["rank_value"]),
         "sampler": type(getattr(trainer.train_dataloader, "sampler", None)).__name__,  # None in a ddp_spawn caller
         "wrapper": probe.seen,
+        "state": [str(trainer.state.fn), str(trainer.state.status)],  # a ddp_spawn caller adopts rank 0's
     }
     if args.fail_later:  # a later Trainer joins the running job (no launcher of its own), then a rank fails
         fit(args, shuffle=False, fail=True)

@@ -4,6 +4,7 @@ Every check raises :class:`ConfigurationError` naming the argument, the value an
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from pathlib import Path
@@ -60,8 +61,10 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     out["gradient_clip_val"] = float(clip) if clip else None
 
     for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
-        validate_limit(name, args[name])
+        out[name] = validate_limit(name, args[name])
     interval = args["val_check_interval"]
+    if isinstance(interval, float) and interval > 1.0 and math.isfinite(interval) and interval.is_integer():
+        interval = out["val_check_interval"] = int(interval)  # a whole float counts batches, as in Lightning
     _require(interval is None or (isinstance(interval, float) and 0.0 < interval <= 1.0) or (_is_int(interval) and interval >= 1),
              f"val_check_interval={interval!r} must be None, a float in (0.0, 1.0] (fraction of an epoch) "
              "or an int >= 1 (number of training batches).")
@@ -82,8 +85,7 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
              f"default_root_dir={root!r} must be a path (str or os.PathLike) or None.")
     out["default_root_dir"] = root.rstrip("/") if is_remote(root) else str(Path(root if root is not None else os.getcwd()))
 
-    overfit = args["overfit_batches"]
-    validate_limit("overfit_batches", overfit)
+    overfit = out["overfit_batches"] = validate_limit("overfit_batches", args["overfit_batches"])
     fast = args["fast_dev_run"]
     _require(isinstance(fast, bool) or (_is_int(fast) and fast >= 0),
              f"fast_dev_run={fast!r} must be True/False or a number of batches >= 0.")
@@ -92,7 +94,7 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
         out.update(limit_train_batches=batches, limit_val_batches=batches, limit_test_batches=batches,
                    limit_predict_batches=batches, max_epochs=1, max_steps=batches, num_sanity_val_steps=0,
                    val_check_interval=None, check_val_every_n_epoch=1, log_every_n_steps=1)
-    out["fast_dev_run"] = int(fast) if not isinstance(fast, bool) else (1 if fast else 0)
+    out["fast_dev_run"] = True if fast == 1 else fast  # Lightning's value: fast_dev_run=1 reads back as True
     if overfit:  # the same first batches every epoch, for training and validation (shuffling is turned off)
         out.update(limit_train_batches=overfit, limit_val_batches=overfit)
     return out
@@ -143,9 +145,15 @@ def check_accumulate_grad_batches(value: Any) -> int:
 
 
 def build_loggers(logger: Any, root_dir: str, fast_dev_run: int) -> list[Logger]:
-    """``logger=True`` → the default (TensorBoard, else CSV) under ``root_dir``; False/None → none."""
-    if fast_dev_run or logger is False or logger is None:
+    """``logger=True`` → the default (TensorBoard, else CSV) under ``root_dir``; False/None → none. Under
+    ``fast_dev_run`` a :class:`~trainer.loggers.logger.DummyLogger` takes the loggers' place (as in Lightning):
+    nothing is written, and ``self.logger.experiment.<anything>(...)`` in a step still works."""
+    if logger is False or logger is None or (isinstance(logger, (list, tuple)) and not logger):
         return []
+    if fast_dev_run:
+        from trainer.loggers.logger import DummyLogger
+
+        return [DummyLogger()]
     if logger is True and is_remote(root_dir):
         rank_zero_info("default_root_dir=%r is a URL: checkpoints go there, but the default logger writes local files, "
                        "so there is none. Pass logger=TensorBoardLogger('runs') (or CSVLogger) to log locally.", root_dir)

@@ -16,7 +16,9 @@ mode                 one step gets                                              
 Iterating a ``CombinedLoader`` yourself yields ``(batch, batch_idx, dataloader_idx)`` as Lightning's does
 (``dataloader_idx`` is 0 except in ``sequential`` mode). Under a distributed strategy each loader gets its own
 distributed sampler, and a fit resumed mid-epoch continues every loader at its exact position
-(:mod:`trainer.checkpoint.data_position`). Evaluation stages run several loaders one after the other (``sequential``).
+(:mod:`trainer.checkpoint.data_position`). Evaluation stages run a list or dict of loaders one after the other
+(``sequential``); a CombinedLoader in another mode gives each evaluation step one batch of every loader. Lists and
+dicts may nest (``{"a_b": [dl_a, dl_b], "c": dl_c}``); batches come back in the same shape.
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ def is_loader_like(value: Any) -> bool:
 
 
 def training_batches(loader: Any) -> Iterator[Any]:
-    """The batches ``training_step`` gets from ``loader``: for a CombinedLoader its combined batches (iterating one
-    yields ``(batch, batch_idx, dataloader_idx)``), else what iterating the loader gives."""
+    """The batches a step gets from ``loader``: for a CombinedLoader its combined batches (iterating one yields
+    ``(batch, batch_idx, dataloader_idx)``), else what iterating the loader gives."""
     return loader.batches() if isinstance(loader, CombinedLoader) else iter(loader)
 
 
@@ -54,56 +56,40 @@ class CombinedLoader:
     def __init__(self, iterables: Any, mode: str = "min_size") -> None:
         if mode not in MODES:
             raise ConfigurationError(f"CombinedLoader(mode={mode!r}) is not a mode; use one of {', '.join(MODES)}.")
-        if isinstance(iterables, Mapping):
-            keys: Optional[list[Any]] = list(iterables)
-            loaders = list(iterables.values())
-        elif isinstance(iterables, (list, tuple)):
-            keys, loaders = None, list(iterables)
-        else:
-            keys, loaders = None, [iterables]
+        loaders, spec = _flatten(iterables)
         if not loaders:
             raise ConfigurationError("CombinedLoader needs at least one dataloader; it got an empty collection.")
-        names = keys if keys is not None else list(range(len(loaders)))
-        for name, loader in zip(names, loaders):
+        for path, loader in zip(_paths(spec), loaders):
             if not is_loader_like(loader):
                 raise ConfigurationError(
-                    f"CombinedLoader: entry {name!r} is a {type(loader).__name__}, which does not yield batches when "
+                    f"CombinedLoader: entry {path} is a {type(loader).__name__}, which does not yield batches when "
                     "iterated. Each entry must be a torch DataLoader (or another iterable of batches)."
                 )
         self._iterables = iterables
-        self._keys = keys
-        self._container = dict if keys is not None else (type(iterables) if isinstance(iterables, (list, tuple)) else None)
+        self._spec = spec
         self._loaders = loaders
         self.mode = mode
 
     # ------------------------------------------------------------------ structure
     @property
     def iterables(self) -> Any:
-        """The list, tuple or dict (or the single loader) this was built from."""
+        """The loaders in the shape this was built from: one loader, or the (nested) list, tuple or dict."""
         return self._iterables
 
     @property
     def flattened(self) -> list[Any]:
-        """The loaders in order (a dict's in its key order)."""
+        """The loaders in order (a dict's in its key order; nested lists and dicts depth first)."""
         return list(self._loaders)
 
     def with_loaders(self, loaders: list[Any]) -> "CombinedLoader":
         """A CombinedLoader of the same shape and mode over ``loaders`` (e.g. with distributed samplers injected)."""
         if len(loaders) != len(self._loaders):
             raise ValueError(f"with_loaders: expected {len(self._loaders)} loaders, got {len(loaders)}.")
-        if self._keys is not None:
-            return CombinedLoader(dict(zip(self._keys, loaders)), self.mode)
-        if self._container is None:
-            return CombinedLoader(loaders[0], self.mode)
-        return CombinedLoader(self._container(loaders), self.mode)
+        return CombinedLoader(_unflatten(list(loaders), self._spec), self.mode)
 
     def pack(self, batches: list[Any]) -> Any:
-        """One batch per loader → the shape the loaders were given in (list, tuple, dict, or the batch itself)."""
-        if self._keys is not None:
-            return dict(zip(self._keys, batches))
-        if self._container is None:
-            return batches[0]
-        return self._container(batches)
+        """One batch per loader → the shape the loaders were given in (nested list, tuple, dict, or the batch)."""
+        return _unflatten(batches, self._spec)
 
     @property
     def sampler(self) -> Any:
@@ -216,3 +202,86 @@ class CombinedIterator:
         """Where each loader stands (plain values)."""
         return {"mode": self.mode, "consumed": list(self.consumed), "finished": list(self.finished),
                 "current": self.current}  # fmt: skip
+
+
+# ---------------------------------------------------------------------- nested containers of loaders
+#: A structure's shape: ``None`` for a leaf (a loader), else ``(container type, keys or None, child shapes)``.
+_Spec = Optional[tuple[type, Optional[list[Any]], list[Any]]]
+
+
+def _flatten(tree: Any) -> tuple[list[Any], _Spec]:
+    """Loaders of a (nested) list, tuple or dict, depth first, and the shape to rebuild it (Lightning's pytree)."""
+    if isinstance(tree, Mapping):
+        keys = list(tree)
+        children = [_flatten(tree[key]) for key in keys]
+        return [leaf for leaves, _ in children for leaf in leaves], (dict, keys, [spec for _, spec in children])
+    if isinstance(tree, (list, tuple)):
+        children = [_flatten(item) for item in tree]
+        return [leaf for leaves, _ in children for leaf in leaves], (type(tree), None, [spec for _, spec in children])
+    return [tree], None
+
+
+def _unflatten(leaves: list[Any], spec: _Spec) -> Any:
+    """The inverse of :func:`_flatten`: ``leaves`` (in order) put back into the shape ``spec``."""
+    position = iter(leaves)
+
+    def build(node: _Spec) -> Any:
+        if node is None:
+            return next(position)
+        container, keys, children = node
+        values = [build(child) for child in children]
+        if keys is not None:
+            return dict(zip(keys, values))
+        return container(values) if container in (list, tuple) else container(*values)  # namedtuple: fields
+
+    return build(spec)
+
+
+def _paths(spec: _Spec, prefix: str = "") -> list[str]:
+    """Each leaf's place, for error messages: ``'b'``, ``1``, ``'a'[1]``."""
+    if spec is None:
+        return [prefix or "0"]
+    _, keys, children = spec
+    names = keys if keys is not None else list(range(len(children)))
+    return [path for name, child in zip(names, children)
+            for path in _paths(child, f"{prefix}[{name!r}]" if prefix else repr(name))]
+
+
+class DataLoaderIter:
+    """What a step written as ``validation_step(self, dataloader_iter)`` (or ``training_step``) gets, as in
+    Lightning: ``next(dataloader_iter)`` gives ``(batch, batch_idx, dataloader_idx)``, with the batch as the loader
+    yields it (the step moves it to ``self.device``). The loop calls the step again until :attr:`done`.
+
+    ``batches`` is the loader's iterator; ``limit`` the batches the stage may take (``limit_*_batches``)."""
+
+    def __init__(self, batches: Iterator[Any], limit: float, dataloader_idx: int = 0) -> None:
+        self._batches = batches
+        self._limit = limit
+        self.dataloader_idx = dataloader_idx
+        self.fetched = 0  # batches handed to the step so far
+        self.batch: Any = None  # the last one, for the batch hooks
+        self._ahead: Any = _NOTHING
+
+    @property
+    def done(self) -> bool:
+        """True once the loader (or the stage's batch limit) has nothing more to give."""
+        if self.fetched >= self._limit:
+            return True
+        if self._ahead is _NOTHING:
+            self._ahead = next(self._batches, _EXHAUSTED)
+        return self._ahead is _EXHAUSTED
+
+    def __iter__(self) -> "DataLoaderIter":
+        return self
+
+    def __next__(self) -> tuple[Any, int, int]:
+        if self.done:
+            raise StopIteration
+        batch, self._ahead = self._ahead, _NOTHING
+        self.batch = batch
+        self.fetched += 1
+        return batch, self.fetched - 1, self.dataloader_idx
+
+
+_NOTHING = object()
+_EXHAUSTED = object()

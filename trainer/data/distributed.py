@@ -106,12 +106,12 @@ def _rebuilt(loader: DataLoader, sampler: Any, advice: str) -> DataLoader:
         ) from None
 
 
-def without_shuffle(loader: Any) -> Any:
+def without_shuffle(loader: Any, role: str = "training") -> Any:
     """``overfit_batches``: a shuffling DataLoader rebuilt to read in order, so every epoch sees the same batches."""
     if not isinstance(loader, DataLoader) or type(loader.sampler) is not RandomSampler:
         return loader
-    rank_zero_warn("overfit_batches: the training dataloader shuffles; it reads in order instead, so every epoch "
-                   "trains on the same batches.")  # fmt: skip
+    rank_zero_warn(f"overfit_batches: the {role} dataloader shuffles; it reads in order instead, so every epoch "
+                   "sees the same batches.")  # fmt: skip
     return _rebuilt(loader, SequentialSampler(loader.dataset), "Pass a DataLoader with shuffle=False.")
 
 

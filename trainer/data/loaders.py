@@ -14,23 +14,38 @@ Number = Union[int, float]
 
 def as_loader_list(loaders: Any) -> list[Any]:
     """Evaluation stages accept one dataloader, a list/tuple or dict of them (run one after the other, as
-    ``dataloader_idx`` 0, 1, ...), or a ``CombinedLoader`` in ``sequential`` mode."""
+    ``dataloader_idx`` 0, 1, ...), or a ``CombinedLoader``: in ``sequential`` mode its loaders one after the
+    other, in another mode the CombinedLoader itself as one loader (each step gets one batch of every loader,
+    as in Lightning)."""
     from trainer.data.combined_loader import CombinedLoader
 
     if loaders is None:
         return []
     if isinstance(loaders, CombinedLoader):
-        if loaders.mode != "sequential":
-            raise ConfigurationError(
-                f"Validation, test and predict run their dataloaders one after the other; a CombinedLoader in mode "
-                f"{loaders.mode!r} cannot be used there. Pass the loaders as a list, or CombinedLoader(..., 'sequential')."
-            )
-        return loaders.flattened
+        return loaders.flattened if loaders.mode == "sequential" else [loaders]
     if isinstance(loaders, Mapping):
         return list(loaders.values())
     if isinstance(loaders, (list, tuple)):
         return list(loaders)
     return [loaders]
+
+
+def in_given_shape(loaders: list[Any], given: Any) -> Any:
+    """The prepared ``loaders`` (from :func:`as_loader_list`) in the shape they were ``given``, as Lightning's
+    ``val_dataloaders``/``test_dataloaders``/``predict_dataloaders`` give them back: one loader, a list, a dict,
+    or a CombinedLoader's ``iterables``; ``None`` when there are none."""
+    from trainer.data.combined_loader import CombinedLoader
+
+    if not loaders:
+        return None
+    if isinstance(given, CombinedLoader):
+        combined = given.with_loaders(loaders) if given.mode == "sequential" else loaders[0]
+        return combined.iterables
+    if isinstance(given, Mapping):
+        return dict(zip(given, loaders))
+    if isinstance(given, (list, tuple)):
+        return list(loaders)
+    return loaders[0]
 
 
 def as_training_loader(loader: Any) -> Any:
@@ -46,12 +61,26 @@ def as_training_loader(loader: Any) -> Any:
 
 
 def loader_from(explicit: Any, datamodule: Any, module: Any, source: str) -> Any:
-    """The loader(s) passed explicitly, else ``datamodule.<source>()``, else ``module.<source>()``."""
+    """The loader(s) passed explicitly, else ``datamodule.<source>()``, else ``module.<source>()`` (an owner whose
+    ``<source>`` was set to ``None``, Lightning's way to switch a stage's data off, has none)."""
     if explicit is not None:
         return explicit
     owner = datamodule if datamodule is not None else module
     method = getattr(owner, source, None)
     return method() if method is not None else None  # ``model.val_dataloader = None`` switches it off
+
+
+def source_defined(explicit: Any, datamodule: Any, module: Any, source: str) -> bool:
+    """Whether :func:`loader_from` has somewhere to ask, without asking: loaders passed, or ``<source>``
+    implemented by the datamodule (when there is one) or else the module."""
+    if explicit is not None:
+        return True
+    from trainer.module.datamodule import DataModule
+    from trainer.module.overrides import overrides
+    from trainer.module.train_module import TrainModule
+
+    owner, base = (datamodule, DataModule) if datamodule is not None else (module, TrainModule)
+    return overrides(owner, base, source) and getattr(owner, source, None) is not None
 
 
 def prepare_data(strategy: Any, module: Any, datamodule: Any) -> None:
@@ -106,10 +135,10 @@ def ready_loader(loader: Any, argument: str, training: bool, sampler_kwargs: Opt
         return loader.with_loaders([ready_loader(child, argument, training, sampler_kwargs, use_distributed_sampler,
                                                  overfit, pin_memory) for child in loader.flattened])  # fmt: skip
     check_iterable(loader, argument)
-    if training and overfit:
+    if overfit:
         from trainer.data.distributed import without_shuffle
 
-        loader = without_shuffle(loader)
+        loader = without_shuffle(loader, "training" if training else "validation")
     return prepare_loader(loader, sampler_kwargs, training, use_distributed_sampler, pin_memory)
 
 
@@ -121,12 +150,16 @@ def loader_length(loader: Any) -> float:
         return math.inf
 
 
-def validate_limit(name: str, limit: Optional[Number]) -> None:
-    """``limit_*_batches``: None, an int >= 0 (batches) or a float in [0, 1] (fraction)."""
+def validate_limit(name: str, limit: Optional[Number]) -> Optional[Number]:
+    """``limit_*_batches``: None, an int >= 0 (batches) or a float in [0, 1] (fraction); returns it normalised.
+
+    As in Lightning, a whole float above 1 (``1e50``, ``2.0``) counts batches: it becomes an int."""
     if limit is None:
-        return
+        return None
     if isinstance(limit, bool) or not isinstance(limit, (int, float)):
         raise ConfigurationError(f"{name}={limit!r} must be an int (number of batches) or a float in [0.0, 1.0].")
+    if isinstance(limit, float) and limit > 1.0 and math.isfinite(limit) and limit.is_integer():
+        return int(limit)
     if isinstance(limit, float) and not 0.0 <= limit <= 1.0:
         raise ConfigurationError(
             f"{name}={limit} is a fraction outside [0.0, 1.0]. Use a float for a fraction of the dataloader "
@@ -134,6 +167,7 @@ def validate_limit(name: str, limit: Optional[Number]) -> None:
         )
     if isinstance(limit, int) and limit < 0:
         raise ConfigurationError(f"{name}={limit} must be >= 0.")
+    return limit
 
 
 def limited_batches(loader: Any, limit: Optional[Number], name: str) -> float:

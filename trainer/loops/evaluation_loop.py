@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from trainer.data.batch_transfer import batch_mover
+from trainer.data.combined_loader import DataLoaderIter, training_batches
 from trainer.metrics.logged_metrics import ResultCollection
-from trainer.loops.step_signature import step_arity
+from trainer.loops.step_signature import step_arity, takes_dataloader_iter
 from trainer.module.overrides import overrides
 from trainer.module.train_mode import ModuleModes
 from trainer.module.train_module import TrainModule
@@ -54,6 +55,7 @@ class EvaluationLoop:
         prefix = self.prefix
         several = len(loaders) > 1
         arity = step_arity(getattr(module, self.step_name), several)  # (batch[, batch_idx[, dataloader_idx]])
+        iterator_style = takes_dataloader_iter(getattr(module, self.step_name))
         batch_start = trainer._hooks.caller(trainer, f"on_{prefix}_batch_start")
         batch_end = trainer._hooks.caller(trainer, f"on_{prefix}_batch_end")
         modes = ModuleModes()
@@ -70,7 +72,11 @@ class EvaluationLoop:
                 results.epoch_level = False
                 for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                     results.dataloader_idx = dataloader_idx if several else None
-                    iterator = iter(loader)
+                    iterator = training_batches(loader)  # a CombinedLoader: its combined batches
+                    if iterator_style:
+                        run_iterator_style(strategy, self.step_name, DataLoaderIter(iterator, limit, dataloader_idx),
+                                           batch_start, batch_end)  # fmt: skip
+                        continue
                     to_device = batch_mover(trainer, dataloader_idx)
                     batch_idx = 0
                     while batch_idx < limit:
@@ -132,13 +138,24 @@ class PredictionLoop:
         call_hook = trainer._call_hook
         several = len(loaders) > 1
         arity = step_arity(module.predict_step, several)
+        iterator_style = takes_dataloader_iter(module.predict_step)
         all_outputs: list[list[Any]] = []
         with evaluation_grad_mode(trainer):
             call_hook("on_predict_start")
             call_hook("on_predict_epoch_start")
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, batch_limits)):
                 outputs: list[Any] = []
-                iterator = iter(loader)
+                iterator = training_batches(loader)  # a CombinedLoader: its combined batches
+                if iterator_style:
+                    def batch_end(prediction: Any, batch: Any, batch_idx: int, dataloader_idx: int) -> None:
+                        call_hook("on_predict_batch_end", prediction, batch, batch_idx, dataloader_idx)
+                        if return_predictions:
+                            outputs.append(prediction)
+
+                    run_iterator_style(strategy, "predict_step", DataLoaderIter(iterator, limit, dataloader_idx),
+                                       lambda *args: call_hook("on_predict_batch_start", *args), batch_end)  # fmt: skip
+                    all_outputs.append(outputs)
+                    continue
                 to_device = batch_mover(trainer, dataloader_idx)
                 batch_idx = 0
                 while batch_idx < limit:
@@ -158,3 +175,26 @@ class PredictionLoop:
             call_hook("on_predict_epoch_end")
             call_hook("on_predict_end")
         return all_outputs
+
+
+def run_iterator_style(strategy: Any, step_name: str, dataloader_iter: DataLoaderIter, batch_start: Any,
+                       batch_end: Any) -> None:  # fmt: skip
+    """``validation_step``/``test_step``/``predict_step(self, dataloader_iter)``: called until the loader is done;
+    the step takes the batches (and moves them). The batch hooks see the batch the step last took (``None`` before
+    the first), as in Lightning."""
+    loader_idx = dataloader_iter.dataloader_idx
+    while not dataloader_iter.done:
+        before = dataloader_iter.fetched
+        if batch_start is not None:
+            batch_start(dataloader_iter.batch, before, loader_idx)
+        try:
+            outputs = strategy.evaluation_step(step_name, dataloader_iter)
+        except StopIteration:  # the step asked for more than was left
+            break
+        if dataloader_iter.fetched == before:
+            raise RuntimeError(
+                f"{step_name}(dataloader_iter) returned without taking a batch (next(dataloader_iter)); it would be "
+                "called forever. Take at least one batch per call."
+            )
+        if batch_end is not None:
+            batch_end(outputs, dataloader_iter.batch, dataloader_iter.fetched - 1, loader_idx)

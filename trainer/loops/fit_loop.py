@@ -10,12 +10,14 @@
     configure_optimizers() → strategy.setup_optimizers(...)
     [restore ckpt_path]                          # on_load_checkpoint: callbacks → module
     [warning if submodules are in eval mode: each keeps its own mode, as in Lightning]
-    on_fit_start
-    [sanity check]                               # on_sanity_check_start, validation loop, on_sanity_check_end
+    on_fit_start                                 # callbacks → module
+    [sanity check]                               # on_sanity_check_start, val_dataloader(), validation loop,
+                                                 # on_sanity_check_end
+    train_dataloader()                           # (earlier if something read trainer.train_dataloader)
     on_train_start
     [restored fit: the saved RNG is put back]
     for epoch in epochs:
-        [every reload_dataloaders_every_n_epochs epochs: train/val dataloaders requested again]
+        [reload_dataloaders_every_n_epochs epochs after the last request: train_dataloader() again]
         on_train_epoch_start
         for batch_idx, batch in train data:      # batch_idx counts micro-batches
             on_train_batch_start(batch, batch_idx)        # returning -1 ends the epoch early
@@ -52,6 +54,7 @@
 
 Validation loop (``validate()`` and ``test()`` run the same with ``test_*`` hooks)::
 
+    [fit: val_dataloader() the first time, and again reload_dataloaders_every_n_epochs after the last request]
     on_validation_start                          # each submodule's mode recorded, module.eval(), gradients off
     on_validation_epoch_start
     for each dataloader, for each batch:
@@ -84,6 +87,13 @@ class FitLoop:
     def __init__(self, trainer: "LoopHost") -> None:
         self.trainer = trainer
         self.progress = Progress()
+        self.epoch_loop: Any = None  # the TrainingEpochLoop of the running (or last) fit
+
+    @property
+    def combined_loader(self) -> Any:
+        """The training data as the loop iterates it: the loader, or a ``CombinedLoader`` of several
+        (``trainer.train_dataloader`` gives the loaders in the shape they were passed); requested if fit has not yet."""
+        return self.trainer._training_data()
 
     @property
     def done(self) -> bool:
@@ -100,12 +110,13 @@ class FitLoop:
         """Run epochs until :attr:`done`. Assumes set-up (strategy, optimizers, restore) is complete."""
         trainer = self.trainer
         progress = self.progress
+        self.epoch_loop = epoch_loop
         trainer._call_hook("on_train_start")
         trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
-        reload_every, first_epoch = trainer.reload_dataloaders_every_n_epochs, progress.epoch
+        reload_every = trainer.reload_dataloaders_every_n_epochs
         while not self.done:
-            if reload_every and progress.epoch != first_epoch and progress.epoch % reload_every == 0:
-                trainer._reload_fit_dataloaders()  # reload_dataloaders_every_n_epochs
+            if reload_every:
+                trainer._reload_fit_dataloaders()  # when reload_dataloaders_every_n_epochs epochs passed
             num_batches = trainer.num_training_batches
             results = trainer._metrics.train
             if progress.batch_in_epoch == 0:

@@ -44,3 +44,12 @@ def step_arity(method: Callable[..., Any], several_dataloaders: bool) -> int:
     if not takes_batch_idx(method):
         return 1
     return 3 if several_dataloaders and positional_capacity(method) >= 3 else 2
+
+
+def takes_dataloader_iter(method: Callable[..., Any]) -> bool:
+    """True for Lightning's iterator-style step, ``*_step(self, dataloader_iter)``: it takes the batches itself
+    with ``next(dataloader_iter)`` (see :class:`trainer.data.combined_loader.DataLoaderIter`)."""
+    try:
+        return "dataloader_iter" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False

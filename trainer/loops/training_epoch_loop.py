@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.data.batch_transfer import batch_mover
+from trainer.data.combined_loader import DataLoaderIter
+from trainer.loops.step_signature import takes_dataloader_iter
 from trainer.loops.optimizers import step_schedulers
 from trainer.module.overrides import overrides
 from trainer.module.train_module import TrainModule
@@ -29,6 +31,7 @@ class TrainingEpochLoop:
         self.optimization = optimization
         #: The last :meth:`run` validated because a stop was requested (so the epoch's end does not validate again).
         self.validated_on_stop = False
+        self.is_last_batch = False  # the running batch is the epoch's last (``trainer.is_last_batch``)
 
     def val_check_batch(self, num_batches: float) -> int:
         """After how many micro-batches validation runs (0: never in this epoch)."""
@@ -83,11 +86,23 @@ class TrainingEpochLoop:
         reached_end = batch_idx >= num_batches
         self.validated_on_stop = False
         to_device = batch_mover(trainer)
+        iterator_style = takes_dataloader_iter(trainer.module.training_step)
+        if iterator_style:  # training_step(self, dataloader_iter): the step takes (and moves) its batches
+            if accumulate > 1:
+                raise ConfigurationError(
+                    "training_step(self, dataloader_iter) takes its own batches, so the Trainer cannot tell where an "
+                    f"accumulation window ends; accumulate_grad_batches={accumulate} needs training_step(self, batch)."
+                )
+            batches = _iterator_steps(DataLoaderIter(iterator, num_batches - batch_idx))
+            to_device = None
+        else:
+            batches = _with_last_flag(iterator, num_batches - batch_idx)
 
         if progress.val_pending:  # resumed from a checkpoint saved between a batch and its validation
             trainer._run_validation_in_fit()
 
-        for batch, is_last in _with_last_flag(iterator, num_batches - batch_idx):
+        for batch, is_last in batches:
+            self.is_last_batch = is_last
             if to_device is not None:
                 batch = to_device(batch)
             results.batch = batch  # its size is inferred only if a logged value needs it
@@ -98,7 +113,12 @@ class TrainingEpochLoop:
                 break
             window_end = steps_every_batch or is_last or (batch_idx + 1) % accumulate == 0
             steps_before = progress.global_step
-            outputs = run_step(batch, batch_idx, window_end)
+            try:
+                outputs = run_step(batch, batch_idx, window_end)
+            except StopIteration:
+                if not iterator_style:
+                    raise
+                break  # an iterator-style step asked for more batches than were left
 
             batch_idx += 1
             progress.batch_in_epoch = batch_idx
@@ -150,6 +170,12 @@ def _with_last_flag(iterator: Iterator[Any], remaining: float) -> Iterator[tuple
         flags = itertools.chain(itertools.repeat(False, count - 1), (True,))
         return zip(itertools.islice(iterator, count), flags)
     return _looking_ahead(iterator)
+
+
+def _iterator_steps(dataloader_iter: DataLoaderIter) -> Iterator[tuple[Any, bool]]:
+    """``(dataloader_iter, False)`` for each call of an iterator-style ``training_step``, until it is done."""
+    while not dataloader_iter.done:
+        yield dataloader_iter, False
 
 
 def _looking_ahead(iterator: Iterator[Any]) -> Iterator[tuple[Any, bool]]:

@@ -56,6 +56,63 @@ class DataModule:
         """The prediction DataLoader (or a list of them)."""
         return None
 
+    @classmethod
+    def from_datasets(
+        cls,
+        train_dataset: Any = None,
+        val_dataset: Any = None,
+        test_dataset: Any = None,
+        predict_dataset: Any = None,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        **datamodule_kwargs: Any,
+    ) -> "DataModule":
+        """A DataModule whose dataloaders read the given datasets (as Lightning's): each a ``Dataset`` or a
+        list/dict of them (one DataLoader each); the training ones shuffle (an ``IterableDataset`` cannot).
+
+        ``batch_size`` and ``num_workers`` go to every DataLoader, and to ``cls.__init__`` where it takes them;
+        ``datamodule_kwargs`` go to ``cls.__init__``. The Trainer pins memory itself when training on CUDA."""
+        from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+        def loaders(datasets: Any, shuffle: bool) -> Any:
+            if isinstance(datasets, Dataset):
+                return DataLoader(datasets, batch_size=batch_size, num_workers=num_workers,
+                                  shuffle=shuffle and not isinstance(datasets, IterableDataset))  # fmt: skip
+            if isinstance(datasets, dict):
+                return {key: loaders(value, shuffle) for key, value in datasets.items()}
+            if isinstance(datasets, (list, tuple)):
+                return type(datasets)(loaders(value, shuffle) for value in datasets)
+            raise TypeError(f"DataModule.from_datasets: {type(datasets).__name__} is not a torch Dataset (nor a "
+                            "list/dict of them).")  # fmt: skip
+
+        parameters = inspect.signature(cls.__init__).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        extra = {name: value for name, value in (("batch_size", batch_size), ("num_workers", num_workers))
+                 if takes_any or name in parameters}  # fmt: skip
+        datamodule = cls(**datamodule_kwargs, **extra)
+        for name, datasets, shuffle in (("train_dataloader", train_dataset, True), ("val_dataloader", val_dataset, False),
+                                        ("test_dataloader", test_dataset, False),
+                                        ("predict_dataloader", predict_dataset, False)):  # fmt: skip
+            if datasets is not None:
+                loaders(datasets, shuffle)  # a wrong type fails here, not at fit
+                setattr(datamodule, name, lambda datasets=datasets, shuffle=shuffle: loaders(datasets, shuffle))
+        return datamodule
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch before it moves to the device; overriding it here takes precedence over the module's."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        """Move a batch (of a type the Trainer cannot move) to ``device``; takes precedence over the module's."""
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch on the device; overriding it here takes precedence over the module's."""
+        return batch
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when fit/validate/test/predict raises (after the callbacks' ``on_exception``)."""
+
     def state_dict(self) -> dict[str, Any]:
         """State to save in checkpoints."""
         return {}

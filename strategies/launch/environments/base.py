@@ -61,5 +61,8 @@ class ClusterEnvironment:
     def validate(self, num_devices: int, num_nodes: int) -> None:
         """Raise :class:`ConfigurationError` when ``devices``×``num_nodes`` contradicts the environment."""
 
+    def check_launch(self) -> None:
+        """Raise :class:`ConfigurationError` when processes cannot be started here (called by the launchers)."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

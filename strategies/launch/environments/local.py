@@ -84,17 +84,24 @@ class LocalEnvironment(ClusterEnvironment):
             "RANK": str(self.node_rank() * self.local_world_size() + local_rank),
         }
 
+    def check_launch(self) -> None:
+        """Raise before starting processes when a multi-node job lacks the variables that place this node.
+
+        Checked at launch (the first fit/validate/test/predict), not when the Trainer is built, so a script can
+        build its Trainer (as Lightning allows) on a machine that will not run it."""
+        num_nodes = self._num_nodes
+        missing = [name for name in ("NODE_RANK", "MASTER_ADDR") if name not in os.environ]
+        if num_nodes > 1 and missing and "GROUP_RANK" not in os.environ:
+            raise ConfigurationError(
+                f"num_nodes={num_nodes} needs {' and '.join(missing)} in the environment: start the same script "
+                "once on every node with NODE_RANK=0..num_nodes-1 and MASTER_ADDR=<host of node 0> (optionally "
+                f"MASTER_PORT, default {DEFAULT_MULTI_NODE_PORT}), e.g. `NODE_RANK=1 MASTER_ADDR=node0 python "
+                "train.py`; or use torchrun or SLURM, which set them."
+            )
+
     def validate(self, num_devices: int, num_nodes: int) -> None:
         self._num_devices, self._num_nodes = num_devices, num_nodes
         if num_nodes > 1:
-            missing = [name for name in ("NODE_RANK", "MASTER_ADDR") if name not in os.environ]
-            if missing and "GROUP_RANK" not in os.environ:
-                raise ConfigurationError(
-                    f"num_nodes={num_nodes} needs {' and '.join(missing)} in the environment: start the same script "
-                    "once on every node with NODE_RANK=0..num_nodes-1 and MASTER_ADDR=<host of node 0> (optionally "
-                    f"MASTER_PORT, default {DEFAULT_MULTI_NODE_PORT}), e.g. `NODE_RANK=1 MASTER_ADDR=node0 python "
-                    "train.py`; or use torchrun or SLURM, which set them."
-                )
             if not 0 <= self.node_rank() < num_nodes:
                 raise ConfigurationError(f"NODE_RANK={self.node_rank()} must be in 0..{num_nodes - 1} for num_nodes={num_nodes}.")
         if self.creates_processes_externally:

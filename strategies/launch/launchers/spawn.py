@@ -95,6 +95,7 @@ class SpawnLauncher:
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on every local rank; return global rank 0's result (``None`` on other nodes)."""
+        self.environment.check_launch()
         variables = self.environment.launch_variables(0)
         if "MASTER_PORT" not in os.environ and self.environment.num_nodes == 1:
             variables["MASTER_PORT"] = str(find_free_port())  # a fresh port for every stage

@@ -163,6 +163,7 @@ class SubprocessScriptLauncher:
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Start the other ranks once (on the first stage), then run ``fn(*args)`` here as local rank 0."""
         if not self.environment.creates_processes_externally:
+            self.environment.check_launch()
             self._start_children()
         watcher = self._watcher
         if watcher is not None and watcher.failure is not None:

@@ -34,8 +34,9 @@ class Callback:
         return type(self).__qualname__
 
     def _generate_state_key(self, **kwargs: Any) -> str:
-        """A state key that tells apart two instances of one class configured differently."""
-        return f"{type(self).__qualname__}{repr(dict(sorted(kwargs.items())))}"
+        """A state key that tells apart two instances of one class configured differently, in Lightning's format
+        (the arguments in the order given): ``EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}``."""
+        return f"{type(self).__qualname__}{repr(kwargs)}"
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in checkpoints (plain values and tensors only)."""

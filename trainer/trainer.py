@@ -40,7 +40,8 @@ from trainer.loops.optimization import AutomaticOptimization, ManualOptimization
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module.train_module import TrainModule, configure_model_once
 from trainer.loops.optimizers import SchedulerConfig, parse_optimizers
-from trainer.config.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
+from trainer.config.plugins import (apply_to_strategy, check_sync_batchnorm, layer_sync_of, sort_plugins,
+                                    sync_batchnorm_layers)
 from trainer.profiler.profilers import Profiler, build_profiler
 from trainer.reproducibility.seed import isolated_rng, seed_everything
 from trainer.spawned import run_spawned
@@ -141,7 +142,9 @@ class Trainer:
                                                  plugin_settings.precision or precision,
                                                  plugin_settings.cluster_environment)  # fmt: skip
         apply_to_strategy(self.strategy, plugin_settings)
-        check_sync_batchnorm(self.sync_batchnorm, self.strategy)
+        self._layer_sync = layer_sync_of(self.sync_batchnorm, plugin_settings)
+        self.sync_batchnorm = self._layer_sync is not None
+        check_sync_batchnorm(self._layer_sync, self.strategy)
         self.precision: str = self.strategy.precision.name
         self.num_nodes = num_nodes
         set_deterministic(deterministic)
@@ -273,7 +276,7 @@ class Trainer:
             self._fit_sources = (train_dataloaders, val_dataloaders, datamodule)  # reload_dataloaders_every_n_epochs
             self._setup_fit_data(model, train_dataloaders, val_dataloaders, datamodule)
             if self.sync_batchnorm:
-                sync_batchnorm_layers(model, self.strategy)
+                sync_batchnorm_layers(model, self.strategy, self._layer_sync)
             self._setup_module(model)
             self._setup_optimizers(model)
             self.should_stop = False

@@ -12,6 +12,7 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, 
 import torch
 
 from trainer.callbacks.callback import Callback
+from trainer.callbacks.trial_steps import TunerExit
 from trainer.loggers.logger import Logger
 from trainer.strategies.connector import build_strategy
 from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
@@ -356,6 +357,8 @@ class Trainer:
             yield
             self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
             finished = True
+        except TunerExit:
+            finished = True  # a finder run by trainer.tuner.Tuner is done: the fit ends here, cleanly
         except BaseException as exc:
             for hook in self._hooks.callback_hooks["on_exception"]:
                 hook(self, model, exc)

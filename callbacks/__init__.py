@@ -17,6 +17,9 @@ from trainer.callbacks.callback import Callback
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
     from trainer.callbacks.batch_size_finder import BatchSizeFinder  # noqa: F401
+    from trainer.callbacks.early_stopping import EarlyStoppingReason  # noqa: F401
+    from trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning  # noqa: F401
+    from trainer.callbacks.tqdm_progress import TQDMProgressBar  # noqa: F401
     from trainer.callbacks.early_stopping import EarlyStopping  # noqa: F401
     from trainer.callbacks.fit_report import FitReport  # noqa: F401
     from trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler  # noqa: F401
@@ -31,7 +34,10 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from trainer.callbacks.timer import Timer  # noqa: F401
 
 _LAZY = {
+    "BackboneFinetuning": "trainer.callbacks.finetuning",
+    "BaseFinetuning": "trainer.callbacks.finetuning",
     "BatchSizeFinder": "trainer.callbacks.batch_size_finder",
+    "EarlyStoppingReason": "trainer.callbacks.early_stopping",
     "EarlyStopping": "trainer.callbacks.early_stopping",
     "FitReport": "trainer.callbacks.fit_report",
     "GradientAccumulationScheduler": "trainer.callbacks.gradient_accumulation_scheduler",
@@ -44,6 +50,7 @@ _LAZY = {
     "StochasticWeightAveraging": "trainer.callbacks.stochastic_weight_averaging",
     "ThroughputMonitor": "trainer.callbacks.throughput_monitor",
     "Timer": "trainer.callbacks.timer",
+    "TQDMProgressBar": "trainer.callbacks.tqdm_progress",
 }
 
 __all__ = ["Callback", *sorted(_LAZY)]

@@ -311,6 +311,12 @@ class CheckpointConnector:
                 f"'{path}' has {len(states)} optimizer state(s) but configure_optimizers returned "
                 f"{len(trainer.optimizers)}."
             )
+        # Callbacks first: one may re-create the parameter groups the saved optimizer state has (BaseFinetuning).
+        saved_callbacks = checkpoint.get("callbacks", {})
+        for callback in trainer.callbacks:
+            state = callback_state(saved_callbacks, callback.state_key)
+            if state:
+                callback.load_state_dict(state)
         for optimizer, state in zip(trainer.optimizers, states):
             strategy.load_optimizer_state_dict(optimizer, state)
         for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
@@ -324,11 +330,6 @@ class CheckpointConnector:
             progress.epoch += 1
             progress.batch_in_epoch = 0
             progress.epoch_finished = False
-        saved_callbacks = checkpoint.get("callbacks", {})
-        for callback in trainer.callbacks:
-            state = callback_state(saved_callbacks, callback.state_key)
-            if state:
-                callback.load_state_dict(state)
         if trainer.datamodule is not None:
             datamodule_state = checkpoint.get(type(trainer.datamodule).__qualname__, checkpoint.get("datamodule"))
             if datamodule_state is not None:  # "datamodule": where checkpoints of earlier versions kept it

@@ -284,6 +284,11 @@ class Trainer:
             ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
             if ckpt_path is not None:
                 self._checkpoint.restore_training(ckpt_path)
+            in_eval = [name or type(model).__name__ for name, sub in model.named_modules() if not sub.training]
+            if in_eval:  # Lightning warns here too
+                rank_zero_warn(f"Found {len(in_eval)} module(s) in eval mode at the start of training ({in_eval[:3]}"
+                               f"{'...' if len(in_eval) > 3 else ''}); fit() trains the whole module in train mode. To "
+                               "keep one in eval mode, call its .eval() in on_train_batch_start.")  # fmt: skip
             model.train()
             self._call_hook("on_fit_start")
             if self.enable_autolog_hparams:
@@ -411,6 +416,10 @@ class Trainer:
             rank_zero_warn(f"fit() got val_dataloaders, but {type(model).__name__} has no validation_step: "
                            "validation is skipped. Implement validation_step to validate during fit.")  # fmt: skip
         self._val_enabled = any(limit > 0 for limit in self._val_batch_limits)
+        if self.loggers and not self.fast_dev_run and self.num_training_batches < self.log_every_n_steps:
+            rank_zero_warn(f"The training dataloader has {self.num_training_batches} batches per epoch, fewer than "
+                           f"Trainer(log_every_n_steps={self.log_every_n_steps}): training values reach the loggers "
+                           "less than once per epoch. Lower log_every_n_steps to see them every epoch.")  # fmt: skip
 
     def _eval_loaders(self, loaders: Any, datamodule: Optional[DataModule], model: TrainModule,
                       source: str, argument: str) -> list[Any]:  # fmt: skip

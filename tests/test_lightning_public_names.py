@@ -111,3 +111,89 @@ def test_torch_sync_batchnorm_converts_and_reverts_and_is_a_plugin():
     with pytest.raises(ConfigurationError, match="GPUs only"):  # as sync_batchnorm=True: no CPU kernel
         Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[TorchSyncBatchNorm()], logger=False)
     assert issubclass(TorchSyncBatchNorm, LayerSync)
+
+
+# ---------------------------------------------------------------------------------------------- the docs table
+#: Lightning 2.6's public names (``lightning.pytorch.<path>``) a ported project imports.
+LIGHTNING_PUBLIC_NAMES = (
+    "Trainer", "LightningModule", "LightningDataModule", "Callback", "seed_everything",
+    "core.LightningModule", "core.LightningDataModule", "core.optimizer.LightningOptimizer", "cli.LightningCLI",
+    "tuner.Tuner",
+    *(f"callbacks.{name}" for name in (
+        "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback", "Checkpoint",
+        "DeviceStatsMonitor", "EarlyStopping", "GradientAccumulationScheduler", "LambdaCallback", "LearningRateFinder",
+        "LearningRateMonitor", "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint",
+        "ProgressBar", "RichModelSummary", "RichProgressBar", "StochasticWeightAveraging", "SpikeDetection",
+        "ThroughputMonitor", "Timer", "TQDMProgressBar", "EMAWeightAveraging", "WeightAveraging")),
+    *(f"loggers.{name}" for name in (
+        "Logger", "CSVLogger", "TensorBoardLogger", "MLFlowLogger", "WandbLogger", "CometLogger", "LitLogger")),
+    *(f"plugins.{name}" for name in (
+        "Precision", "MixedPrecision", "DoublePrecision", "HalfPrecision", "FSDPPrecision", "DeepSpeedPrecision",
+        "BitsandbytesPrecision", "TransformerEnginePrecision", "XLAPrecision", "CheckpointIO", "TorchCheckpointIO",
+        "AsyncCheckpointIO", "XLACheckpointIO", "LayerSync", "TorchSyncBatchNorm")),
+    *(f"profilers.{name}" for name in (
+        "Profiler", "SimpleProfiler", "PyTorchProfiler", "AdvancedProfiler", "PassThroughProfiler", "XLAProfiler")),
+    *(f"strategies.{name}" for name in (
+        "Strategy", "ParallelStrategy", "SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy",
+        "ModelParallelStrategy")),
+    *(f"accelerators.{name}" for name in (
+        "Accelerator", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator", "XLAAccelerator",
+        "find_usable_cuda_devices")),
+    *(f"utilities.{name}" for name in (
+        "AttributeDict", "CombinedLoader", "grad_norm", "move_data_to_device", "rank_zero_only", "rank_zero_info",
+        "rank_zero_warn", "rank_zero_deprecation", "measure_flops", "disable_possible_user_warnings",
+        "find_shared_parameters", "set_shared_parameters", "GradClipAlgorithmType", "LightningEnum", "is_picklable",
+        "is_shared_filesystem", "suggested_max_num_workers")),
+    "utilities.exceptions.MisconfigurationException", "utilities.types.STEP_OUTPUT",
+    "utilities.types.OptimizerLRScheduler", "utilities.types.TRAIN_DATALOADERS", "utilities.types.EVAL_DATALOADERS",
+    "utilities.types.LRSchedulerTypeUnion",
+)  # fmt: skip
+
+
+def resolve(dotted: str) -> bool:
+    """Whether ``dotted`` (``trainer.callbacks.ModelCheckpoint``) imports: the longest module prefix, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:end]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[end:]:
+                value = getattr(value, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_lightning_public_name_is_importable_at_its_renamed_path_or_listed_with_a_reason():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "migrating_from_lightning.md").read_text()
+    section = text.split("## Public names\n", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            table[cells[0].strip("`")] = (cells[1], cells[2])
+    assert sorted(table) == sorted(LIGHTNING_PUBLIC_NAMES), "the docs table must list exactly Lightning's public names"
+    problems = []
+    for name, (status, notes) in table.items():
+        here = resolve(f"trainer.{name}")
+        if status in ("same", "partly"):
+            if not here:
+                problems.append(f"{name}: the table says {status!r} but trainer.{name} does not import")
+        elif status == "renamed":
+            target = re.search(r"`(trainer\.[\w.]+)`", notes)
+            if target is None or not resolve(target.group(1)):
+                problems.append(f"{name}: renamed, but the notes name no importable trainer.* path")
+        elif status == "not supported":
+            if here or len(notes) < 40:
+                problems.append(f"{name}: not supported, yet importable, or without a reason and an alternative")
+        else:
+            problems.append(f"{name}: unknown status {status!r}")
+    assert not problems, problems

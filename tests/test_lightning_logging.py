@@ -174,3 +174,22 @@ def test_a_callback_logs_through_the_module_as_in_lightning():
     assert [c["metrics"]["from_callback"] for c in logger.calls if "from_callback" in c["metrics"]] == [0.0, 1.0, 2.0]
     assert float(trainer.callback_metrics["val_from_callback"]) == 3.0
     assert "val_from_callback" in logger.keys()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch build has no torch.distributed")
+@pytest.mark.timeout(240)
+def test_sync_dist_step_values_in_validation_are_reduced_per_batch_under_ddp():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, str(root / "tests" / "scripts" / "ddp_eval_step_logging.py")], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=190)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    # 16 samples over 2 ranks in batches of 4: 2 validation batches per rank, each the mean of ranks 0 and 1
+    assert line.split()[1:] == ["0:0.5", "1:0.5"]

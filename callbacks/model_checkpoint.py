@@ -173,6 +173,13 @@ class ModelCheckpoint(Callback):
             self._save_all(trainer, top_k=self._epoch_is_due(trainer), last_if_saved=True)
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
+        if self._skip(trainer):
+            return
+        progress = getattr(getattr(trainer, "fit_loop", None), "progress", None)
+        if progress is not None and progress.batch_in_epoch > 0 and not progress.epoch_finished:
+            # max_steps stopped the epoch mid-way, so its end hooks did not run here; Lightning still ends that
+            # epoch (and saves on its schedule): do the save the epoch end would have done.
+            self._save_all(trainer, top_k=self._epoch_is_due(trainer), last_if_saved=True)
         # As Lightning: ``last`` once if nothing was saved during the fit (save_top_k=0, say); no save of the
         # final state outside the schedule (every_n_epochs=2 over 5 epochs writes epochs 1 and 3).
         if self.save_last and not self._last_checkpoint_saved and not self._skip(trainer):

@@ -178,3 +178,12 @@ def test_a_datamodules_state_is_stored_under_its_class_name_and_the_old_key_stil
     old = CountingData()
     Trainer(max_epochs=2, **options).fit(LitModel(), datamodule=old, ckpt_path=tmp_path / "old.ckpt")
     assert old.loads == 1
+
+
+def test_max_steps_mid_epoch_still_saves_the_epochs_checkpoint(tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt")
+    fit(tmp_path, checkpoint, max_steps=3)  # 2 batches per epoch: stops in the middle of epoch 1
+    assert written(tmp_path / "ckpt") == ["epoch=1-step=3.ckpt"]
+    off_schedule = ModelCheckpoint(dirpath=tmp_path / "other", every_n_epochs=2, filename="{epoch}", save_top_k=-1)
+    fit(tmp_path, off_schedule, max_steps=5)  # stops in epoch 2: due (every 2nd epoch is 1, 3, ...) only at 1
+    assert written(tmp_path / "other") == ["epoch=1.ckpt"]

@@ -5,8 +5,6 @@ gives our :class:`~trainer.callbacks.RichProgressBar`, which redraws by time rat
 """
 from __future__ import annotations
 
-from typing import Any
-
 from trainer.callbacks.rich_progress import RichProgressBar
 from trainer.strategies.errors import ConfigurationError
 
@@ -19,16 +17,10 @@ class TQDMProgressBar(RichProgressBar):
         if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
             raise ConfigurationError(f"TQDMProgressBar(refresh_rate={refresh_rate!r}) must be an int >= 0 "
                                      "(0 turns the bar off).")  # fmt: skip
-        super().__init__()
-        self.refresh_rate = refresh_rate
+        super().__init__(refresh_rate=refresh_rate, leave=leave)
         self.process_position = process_position
-        self.leave = leave
 
     @property
     def is_enabled(self) -> bool:
         """Whether the bar draws (``refresh_rate > 0`` on global rank 0)."""
         return self._enabled
-
-    def setup(self, trainer: Any, module: Any, stage: str) -> None:
-        super().setup(trainer, module, stage)
-        self._enabled = self._enabled and self.refresh_rate > 0

@@ -181,3 +181,11 @@ def test_str_of_a_datamodule_lists_its_loaders():
     lines = str(Data()).splitlines()
     assert lines == ["{Train dataloader: size=16}", "{Validation dataloader: 1. size=8 ; 2. size=4}",
                      "{Test dataloader: None}", "{Predict dataloader: None}"]  # fmt: skip
+
+
+def test_rich_progress_bar_takes_lightnings_refresh_rate(tmp_path):
+    from trainer.callbacks import RichProgressBar
+
+    hidden = RichProgressBar(refresh_rate=0, leave=True)
+    trainer(tmp_path, max_epochs=1, enable_progress_bar=True, callbacks=[hidden]).fit(LitModel(), data())
+    assert hidden._display is None and hidden.leave

@@ -99,12 +99,16 @@ class BatchSizeFinder(Callback):
         scale_lr: Union[bool, str] = False,
         batch_arg_name: str = "batch_size",
         mode: str = "binsearch",
+        margin: float = 0.0,
     ) -> None:
         if init_val < 1 or max_trials < 1 or steps_per_trial < 1:
             raise ConfigurationError("BatchSizeFinder: init_val, max_trials and steps_per_trial must be >= 1.")
         if mode not in ("power", "binsearch"):
             raise ConfigurationError(f"BatchSizeFinder(mode={mode!r}) must be 'power' or 'binsearch'.")
         self.mode = mode
+        if not 0.0 <= margin < 1.0:
+            raise ConfigurationError(f"BatchSizeFinder(margin={margin}) must be in [0, 1).")
+        self.margin = margin  # binsearch: keep this fraction below the largest size that fitted
         batch_scaling_factor(1, 1, scale_lr)  # validates scale_lr now, not after the search
         self.init_val = init_val
         self.max_trials = max_trials
@@ -165,6 +169,8 @@ class BatchSizeFinder(Callback):
                     bad = middle
         finally:
             trials.restore()
+        if self.mode == "binsearch" and self.margin and good:
+            good = max(1, int(good * (1 - self.margin)))
         if good == 0:
             raise RuntimeError(
                 f"BatchSizeFinder: even batch size {self.init_val} does not fit ({self._trials_text()}). Lower "

@@ -46,6 +46,7 @@ class EarlyStopping(Callback):
         stopping_threshold: Optional[float] = None,
         divergence_threshold: Optional[float] = None,
         check_on_train_epoch_end: Optional[bool] = None,
+        log_rank_zero_only: bool = False,
     ) -> None:
         if mode not in self.mode_dict:
             raise ConfigurationError(f"EarlyStopping(mode={mode!r}) is not valid. Use 'min' or 'max'.")
@@ -61,6 +62,7 @@ class EarlyStopping(Callback):
         self.stopping_threshold = stopping_threshold
         self.divergence_threshold = divergence_threshold
         self._check_on_train_epoch_end = check_on_train_epoch_end
+        self.log_rank_zero_only = log_rank_zero_only  # Lightning's; messages are printed on global rank 0 anyway
         self.wait_count = 0
         self.stopped_epoch = 0
         self.best_score = math.inf if mode == "min" else -math.inf

@@ -98,6 +98,7 @@ class LearningRateFinder(Callback):
         update_attr: bool = True,
         attr_name: str = "",
         smoothing: float = 0.05,
+        weights_only: Optional[bool] = None,
     ) -> None:
         if not 0 < min_lr < max_lr:
             raise ConfigurationError(
@@ -114,6 +115,7 @@ class LearningRateFinder(Callback):
         self.update_attr = update_attr
         self.attr_name = attr_name
         self.smoothing = smoothing
+        self.weights_only = weights_only  # Lightning's (it reloads a checkpoint); the state is restored in memory here
         self.results: dict[str, list[float]] = {"lr": [], "loss": []}
         self.suggestion: Optional[float] = None
         self.optimal_lr: Optional[LRFinderResult] = None

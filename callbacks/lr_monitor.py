@@ -20,7 +20,11 @@ class LearningRateMonitor(Callback):
     """
 
     def __init__(
-        self, logging_interval: Optional[str] = None, log_momentum: bool = False, log_weight_decay: bool = False
+        self,
+        logging_interval: Optional[str] = None,
+        log_momentum: bool = False,
+        log_weight_decay: bool = False,
+        log_key_prefix: Optional[str] = None,
     ) -> None:
         if logging_interval not in (None, "step", "epoch"):
             raise ConfigurationError(
@@ -29,6 +33,7 @@ class LearningRateMonitor(Callback):
         self.logging_interval = logging_interval
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay
+        self.log_key_prefix = log_key_prefix  # "optim/" logs "optim/lr-Adam"
         self._interval = logging_interval or "epoch"
         self._names: list[list[str]] = []
         self.lrs: dict[str, list[float]] = {}
@@ -44,7 +49,7 @@ class LearningRateMonitor(Callback):
         if self.logging_interval is None:
             step_scheduled = any(c.interval == "step" for c in trainer.lr_scheduler_configs)
             self._interval = "step" if step_scheduled else "epoch"
-        self._names = _group_names(trainer.optimizers, trainer.lr_scheduler_configs)
+        self._names = self._prefixed(_group_names(trainer.optimizers, trainer.lr_scheduler_configs))
         flat = [name for names in self._names for name in names]
         self.lrs = {name: [] for name in flat}
         self.last_momentum_values = {f"{name}-momentum": None for name in flat}
@@ -59,6 +64,10 @@ class LearningRateMonitor(Callback):
         if self._interval == "step" and (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
             module.log_dict(self._record(self.current_values(trainer)), on_step=True, on_epoch=False)
 
+    def _prefixed(self, names: list[list[str]]) -> list[list[str]]:
+        prefix = self.log_key_prefix or ""
+        return [[prefix + name for name in group] for group in names]
+
     def _record(self, values: dict[str, float]) -> dict[str, float]:
         for name, value in values.items():
             if name in self.last_momentum_values:
@@ -72,7 +81,7 @@ class LearningRateMonitor(Callback):
     def current_values(self, trainer: Any) -> dict[str, float]:
         """``{name: value}`` for every optimizer's parameter groups, as they are now."""
         if not self._names:
-            self._names = _group_names(trainer.optimizers, trainer.lr_scheduler_configs)
+            self._names = self._prefixed(_group_names(trainer.optimizers, trainer.lr_scheduler_configs))
         values: dict[str, float] = {}
         for optimizer, names in zip(trainer.optimizers, self._names):
             for group, name in zip(optimizer.param_groups, names):

@@ -189,3 +189,16 @@ def test_rich_progress_bar_takes_lightnings_refresh_rate(tmp_path):
     hidden = RichProgressBar(refresh_rate=0, leave=True)
     trainer(tmp_path, max_epochs=1, enable_progress_bar=True, callbacks=[hidden]).fit(LitModel(), data())
     assert hidden._display is None and hidden.leave
+
+
+def test_lightnings_other_callback_arguments_are_taken(tmp_path):
+    from trainer.callbacks import BatchSizeFinder, LearningRateFinder
+
+    monitor = LearningRateMonitor(log_key_prefix="optim/")
+    trainer(tmp_path, logger=CSVLogger(tmp_path), max_epochs=1, callbacks=[monitor]).fit(LitModel(), data())
+    assert list(monitor.lrs) == ["optim/lr-SGD"]
+    assert EarlyStopping(monitor="val_loss", log_rank_zero_only=True).log_rank_zero_only
+    assert LearningRateFinder(weights_only=True).weights_only
+    assert BatchSizeFinder(mode="binsearch", margin=0.05, max_memory_mb=1).margin == 0.05
+    with pytest.raises(ConfigurationError, match="margin"):
+        BatchSizeFinder(margin=1.5)

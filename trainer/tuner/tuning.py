@@ -68,11 +68,12 @@ class Tuner:
         max_trials: int = 25,
         batch_arg_name: str = "batch_size",
         max_val: Optional[int] = 8192,
+        margin: float = 0.05,
         max_memory_mb: Optional[float] = None,
         scale_lr: Union[bool, str] = False,
     ) -> Optional[int]:
         """The largest training batch size that fits: doubling from ``init_val`` (``mode="power"``), then a binary
-        search (``"binsearch"``). Off CUDA, ``max_memory_mb`` bounds the activation memory a batch may use (a CPU
+        search (``"binsearch"``, which keeps ``margin`` below the largest that fitted). Off CUDA, ``max_memory_mb`` bounds the activation memory a batch may use (a CPU
         does not report running out of memory safely). Sets ``batch_arg_name`` on the module or datamodule."""
         _check_arguments(train_dataloaders, val_dataloaders, dataloaders, method)
         if method != "fit":
@@ -86,7 +87,7 @@ class Tuner:
         self._refuse_configured(BatchSizeFinder)
         finder = BatchSizeFinder(init_val=init_val, max_trials=max_trials, steps_per_trial=steps_per_trial,
                                  max_memory_mb=max_memory_mb, max_val=max_val, scale_lr=scale_lr,
-                                 batch_arg_name=batch_arg_name, mode=mode)  # fmt: skip
+                                 batch_arg_name=batch_arg_name, mode=mode, margin=margin)  # fmt: skip
         self._run(finder, model, train_dataloaders, val_dataloaders, datamodule)
         return finder.optimal_batch_size
 

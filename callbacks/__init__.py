@@ -18,9 +18,13 @@ from trainer.callbacks.callback import Callback
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
     from trainer.callbacks.batch_size_finder import BatchSizeFinder  # noqa: F401
+    from trainer.callbacks.early_stopping import EarlyStoppingReason  # noqa: F401
+    from trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning  # noqa: F401
+    from trainer.callbacks.tqdm_progress import TQDMProgressBar  # noqa: F401
     from trainer.callbacks.early_stopping import EarlyStopping  # noqa: F401
     from trainer.callbacks.fit_report import FitReport  # noqa: F401
     from trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler  # noqa: F401
+    from trainer.callbacks.lambda_callback import LambdaCallback  # noqa: F401
     from trainer.callbacks.lr_finder import LearningRateFinder  # noqa: F401
     from trainer.callbacks.lr_monitor import LearningRateMonitor  # noqa: F401
     from trainer.callbacks.memory_monitor import MemoryMonitor  # noqa: F401
@@ -32,10 +36,14 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from trainer.callbacks.timer import Timer  # noqa: F401
 
 _LAZY = {
+    "BackboneFinetuning": "trainer.callbacks.finetuning",
+    "BaseFinetuning": "trainer.callbacks.finetuning",
     "BatchSizeFinder": "trainer.callbacks.batch_size_finder",
+    "EarlyStoppingReason": "trainer.callbacks.early_stopping",
     "EarlyStopping": "trainer.callbacks.early_stopping",
     "FitReport": "trainer.callbacks.fit_report",
     "GradientAccumulationScheduler": "trainer.callbacks.gradient_accumulation_scheduler",
+    "LambdaCallback": "trainer.callbacks.lambda_callback",
     "LearningRateFinder": "trainer.callbacks.lr_finder",
     "LearningRateMonitor": "trainer.callbacks.lr_monitor",
     "MemoryMonitor": "trainer.callbacks.memory_monitor",
@@ -45,6 +53,7 @@ _LAZY = {
     "StochasticWeightAveraging": "trainer.callbacks.stochastic_weight_averaging",
     "ThroughputMonitor": "trainer.callbacks.throughput_monitor",
     "Timer": "trainer.callbacks.timer",
+    "TQDMProgressBar": "trainer.callbacks.tqdm_progress",
 }
 
 __all__ = ["Callback", *sorted(_LAZY)]

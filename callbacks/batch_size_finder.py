@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.callbacks.callback import Callback
 from trainer.callbacks.lr_scaling import batch_scaling_factor, record_hparam, scale_learning_rates
-from trainer.callbacks.trial_steps import TrialSteps
+from trainer.callbacks.trial_steps import TrialSteps, TunerExit
 from trainer.strategies.errors import ConfigurationError
 
 
@@ -73,9 +73,9 @@ class ActivationMeter:
 class BatchSizeFinder(Callback):
     """Find the largest training batch size that fits, at the start of fit, and train with it.
 
-    From ``init_val``, the batch size doubles until a trial fails, then a binary search between the last
-    size that fitted and the first that did not finds the largest that fits (at most ``max_trials``
-    trials; never more than the dataset). A trial runs ``steps_per_trial`` full training steps (forward,
+    From ``init_val``, the batch size doubles until a trial fails, then (``mode="binsearch"``, the default) a
+    binary search between the last size that fitted and the first that did not finds the largest that fits
+    (at most ``max_trials`` trials; never more than the dataset); ``mode="power"`` keeps the last size that fitted. A trial runs ``steps_per_trial`` full training steps (forward,
     backward, optimizer step); all their effects are undone afterwards. A trial fails when:
 
     - on CUDA, it runs out of memory (the error is caught and the cache emptied), or its peak memory
@@ -98,9 +98,17 @@ class BatchSizeFinder(Callback):
         max_val: Optional[int] = None,
         scale_lr: Union[bool, str] = False,
         batch_arg_name: str = "batch_size",
+        mode: str = "binsearch",
+        margin: float = 0.0,
     ) -> None:
         if init_val < 1 or max_trials < 1 or steps_per_trial < 1:
             raise ConfigurationError("BatchSizeFinder: init_val, max_trials and steps_per_trial must be >= 1.")
+        if mode not in ("power", "binsearch"):
+            raise ConfigurationError(f"BatchSizeFinder(mode={mode!r}) must be 'power' or 'binsearch'.")
+        self.mode = mode
+        if not 0.0 <= margin < 1.0:
+            raise ConfigurationError(f"BatchSizeFinder(margin={margin}) must be in [0, 1).")
+        self.margin = margin  # binsearch: keep this fraction below the largest size that fitted
         batch_scaling_factor(1, 1, scale_lr)  # validates scale_lr now, not after the search
         self.init_val = init_val
         self.max_trials = max_trials
@@ -111,6 +119,7 @@ class BatchSizeFinder(Callback):
         self.batch_arg_name = batch_arg_name
         self.optimal_batch_size: Optional[int] = None
         self.trials: dict[int, Optional[float]] = {}  # batch size → measured MB (None: out of memory)
+        self._early_exit = False  # set by trainer.tuner.Tuner: end the fit after the search
 
     def on_fit_start(self, trainer: Any, module: Any) -> None:
         if trainer.global_step > 0:
@@ -124,6 +133,8 @@ class BatchSizeFinder(Callback):
         self._apply(trainer, module, loader, size)
         if old and size != old:
             scale_learning_rates(trainer, batch_scaling_factor(old, size, self.scale_lr))
+        if self._early_exit:
+            raise TunerExit()
 
     # ------------------------------------------------------------------ search
     def find(self, trainer: Any, module: Any, loader: Any) -> int:
@@ -150,7 +161,7 @@ class BatchSizeFinder(Callback):
                 else:
                     bad = size
                     break
-            while bad is not None and bad - good > 1 and len(self.trials) < self.max_trials:
+            while self.mode == "binsearch" and bad is not None and bad - good > 1 and len(self.trials) < self.max_trials:
                 middle = (good + bad) // 2
                 if self.fits(trials, module, loader, middle):
                     good = middle
@@ -158,6 +169,8 @@ class BatchSizeFinder(Callback):
                     bad = middle
         finally:
             trials.restore()
+        if self.mode == "binsearch" and self.margin and good:
+            good = max(1, int(good * (1 - self.margin)))
         if good == 0:
             raise RuntimeError(
                 f"BatchSizeFinder: even batch size {self.init_val} does not fit ({self._trials_text()}). Lower "

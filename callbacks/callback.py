@@ -29,14 +29,20 @@ CALLBACK_HOOKS = (
 class Callback:
     """Base class for callbacks. Override the hooks you need; the rest are never called."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__.startswith(("trainer.callbacks.", "callbacks.")):
+            _resolve_init_annotations(cls)
+
     @property
     def state_key(self) -> str:
         """Key under which this callback's ``state_dict`` is stored in checkpoints (unique per instance kind)."""
         return type(self).__qualname__
 
     def _generate_state_key(self, **kwargs: Any) -> str:
-        """A state key that tells apart two instances of one class configured differently."""
-        return f"{type(self).__qualname__}{repr(dict(sorted(kwargs.items())))}"
+        """A state key that tells apart two instances of one class configured differently, in Lightning's format
+        (the arguments in the order given): ``EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}``."""
+        return f"{type(self).__qualname__}{repr(kwargs)}"
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in checkpoints (plain values and tensors only)."""
@@ -167,3 +173,18 @@ class Callback:
 
     def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
         """Called when fit/validate/test/predict raises (including KeyboardInterrupt)."""
+
+
+def _resolve_init_annotations(cls: type) -> None:
+    """Our callback modules use ``from __future__ import annotations``, which leaves ``__init__``'s annotations as
+    strings; tools that build parsers from ``inspect.signature(ModelCheckpoint)`` (argparse-based, jsonargparse)
+    need the types, as Lightning's callbacks give them. Resolved once, when the class is made."""
+    init = cls.__dict__.get("__init__")
+    if init is None or not any(isinstance(a, str) for a in getattr(init, "__annotations__", {}).values()):
+        return
+    import typing
+
+    try:
+        init.__annotations__ = typing.get_type_hints(init)
+    except (NameError, TypeError, AttributeError):  # a name only imported for type checkers: leave the strings
+        pass

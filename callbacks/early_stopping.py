@@ -2,11 +2,22 @@
 from __future__ import annotations
 
 import math
+from enum import Enum
 from typing import Any, Optional
 
 from trainer.callbacks.callback import Callback
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_info, rank_zero_warn
+
+
+class EarlyStoppingReason(Enum):
+    """Why :class:`EarlyStopping` stopped the fit (``early_stopping.stopping_reason``), as Lightning names it."""
+
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
 
 
 class EarlyStopping(Callback):
@@ -17,7 +28,8 @@ class EarlyStopping(Callback):
     metric is a training one: ``check_on_train_epoch_end``). Under several processes the ranks decide
     together (any rank's "stop" stops all), so they leave the loop at the same step. The Trainer honours the
     request once ``min_epochs`` is reached. ``wait_count``, ``best_score`` and ``stopped_epoch`` are saved in
-    checkpoints.
+    checkpoints. Why it stopped: :attr:`stopping_reason` (an :class:`EarlyStoppingReason`) and
+    :attr:`stopping_reason_message` (a sentence).
     """
 
     mode_dict = {"min": "<", "max": ">"}
@@ -34,6 +46,7 @@ class EarlyStopping(Callback):
         stopping_threshold: Optional[float] = None,
         divergence_threshold: Optional[float] = None,
         check_on_train_epoch_end: Optional[bool] = None,
+        log_rank_zero_only: bool = False,
     ) -> None:
         if mode not in self.mode_dict:
             raise ConfigurationError(f"EarlyStopping(mode={mode!r}) is not valid. Use 'min' or 'max'.")
@@ -49,10 +62,13 @@ class EarlyStopping(Callback):
         self.stopping_threshold = stopping_threshold
         self.divergence_threshold = divergence_threshold
         self._check_on_train_epoch_end = check_on_train_epoch_end
+        self.log_rank_zero_only = log_rank_zero_only  # Lightning's; messages are printed on global rank 0 anyway
         self.wait_count = 0
         self.stopped_epoch = 0
         self.best_score = math.inf if mode == "min" else -math.inf
-        self.stopping_reason: Optional[str] = None
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        self.stopping_reason_message: Optional[str] = None
+        self._last_reason = EarlyStoppingReason.NOT_STOPPED  # the kind of the latest evaluate() that said "stop"
 
     @property
     def state_key(self) -> str:
@@ -95,19 +111,25 @@ class EarlyStopping(Callback):
         if should_stop:
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
-            self.stopping_reason = reason or "another process asked to stop"
+            self.stopping_reason = self._last_reason
+            self.stopping_reason_message = reason or "another process asked to stop"
         if reason and (self.verbose or should_stop):
             rank_zero_info("EarlyStopping: %s", reason)
 
     def evaluate(self, current: float) -> tuple[bool, Optional[str]]:
         """Update the state with a new value of the metric; returns (stop?, why)."""
         name = self.monitor
+        reasons = EarlyStoppingReason
+        self._last_reason = reasons.NOT_STOPPED  # another rank's "stop" keeps this kind
         if self.check_finite and not math.isfinite(current):
+            self._last_reason = reasons.NON_FINITE_METRIC
             return True, f"{name} = {current} is not finite; the best value was {self.best_score:.6g}. Stopping."
         if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
+            self._last_reason = reasons.STOPPING_THRESHOLD
             return True, (f"stopping threshold reached: {name} = {current:.6g} "
                           f"{self.mode_dict[self.mode]} {self.stopping_threshold}. Stopping.")  # fmt: skip
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
+            self._last_reason = reasons.DIVERGENCE_THRESHOLD
             return True, (f"divergence threshold reached: {name} = {current:.6g} is past "
                           f"{self.divergence_threshold}. Stopping.")  # fmt: skip
         improvement = current + self.min_delta if self.mode == "min" else current - self.min_delta
@@ -119,6 +141,7 @@ class EarlyStopping(Callback):
             return False, f"{name} = {current:.6g} (first value)."
         self.wait_count += 1
         if self.wait_count >= self.patience:
+            self._last_reason = reasons.PATIENCE_EXHAUSTED
             return True, (f"{name} did not improve by more than {self.min_delta} in the last {self.wait_count} "
                           f"checks; the best value was {self.best_score:.6g}. Stopping.")  # fmt: skip
         return False, None
@@ -127,10 +150,14 @@ class EarlyStopping(Callback):
     def state_dict(self) -> dict[str, Any]:
         """What a resumed fit needs to keep counting patience."""
         return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch,
-                "best_score": float(self.best_score), "patience": self.patience}  # fmt: skip
+                "best_score": float(self.best_score), "patience": self.patience,
+                "stopping_reason": self.stopping_reason.value,
+                "stopping_reason_message": self.stopping_reason_message}  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.wait_count = state_dict.get("wait_count", 0)
         self.stopped_epoch = state_dict.get("stopped_epoch", 0)
         self.best_score = float(state_dict.get("best_score", self.best_score))
+        self.stopping_reason = EarlyStoppingReason(state_dict.get("stopping_reason", EarlyStoppingReason.NOT_STOPPED.value))
+        self.stopping_reason_message = state_dict.get("stopping_reason_message")

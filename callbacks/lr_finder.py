@@ -10,7 +10,7 @@ from typing import Any, Optional
 from trainer.callbacks.callback import Callback
 from trainer.callbacks.host import training_batches
 from trainer.callbacks.lr_scaling import record_hparam, scale_learning_rates
-from trainer.callbacks.trial_steps import TrialSteps
+from trainer.callbacks.trial_steps import TrialSteps, TunerExit
 from trainer.strategies.errors import ConfigurationError
 
 
@@ -32,6 +32,48 @@ def suggest_lr(lrs: list[float], losses: list[float], skip_begin: int = 10, skip
     return best
 
 
+class LRFinderResult:
+    """The curve of a learning-rate range test, as Lightning's ``lr_find`` returns it: :attr:`results`
+    (``{"lr": [...], "loss": [...]}``), :meth:`suggestion` and :meth:`plot`."""
+
+    def __init__(self, results: dict[str, list[float]], mode: str) -> None:
+        self.results = results
+        self.mode = mode
+
+    def suggestion(self, skip_begin: int = 10, skip_end: int = 1) -> Optional[float]:
+        """The learning rate where the smoothed loss falls fastest, ignoring the first ``skip_begin`` and last
+        ``skip_end`` points; ``None`` when the curve is too short or never falls."""
+        return suggest_lr(self.results["lr"], self.results["loss"], skip_begin, skip_end)
+
+    def plot(self, suggest: bool = False, show: bool = False, ax: Any = None) -> Any:
+        """A matplotlib ``Figure`` of loss against learning rate (on ``ax`` when given), with the suggestion
+        marked when ``suggest``; ``show=True`` also shows it (through pyplot)."""
+        try:
+            from matplotlib.figure import Figure  # no pyplot unless show=True: no global backend is touched
+        except ImportError:
+            raise ConfigurationError("LRFinderResult.plot() needs matplotlib: pip install matplotlib.") from None
+        if ax is None:
+            figure = Figure(figsize=(6, 4), tight_layout=True)
+            ax = figure.add_subplot()
+        else:
+            figure = ax.figure
+        lrs, losses = self.results["lr"], self.results["loss"]
+        ax.plot(lrs, losses)
+        if self.mode == "exponential":
+            ax.set_xscale("log")
+        suggestion = self.suggestion() if suggest else None
+        if suggestion:
+            ax.plot([suggestion], [losses[lrs.index(suggestion)]], "o", color="red", label=f"suggestion {suggestion:.3g}")
+            ax.legend()
+        ax.set_xlabel("Learning rate")
+        ax.set_ylabel("Loss")
+        if show:
+            import matplotlib.pyplot as plt
+
+            plt.show()
+        return figure
+
+
 class LearningRateFinder(Callback):
     """Before training, raise the learning rate from ``min_lr`` to ``max_lr`` over ``num_training_steps``
     steps (exponentially, or ``mode="linear"``), record the loss, and suggest the rate where it falls fastest.
@@ -40,8 +82,10 @@ class LearningRateFinder(Callback):
     The curve is saved as ``lr_find.csv`` and, with matplotlib installed, ``lr_find.png`` in
     ``trainer.log_dir``. With ``update_attr=True`` the optimizer's learning rates are scaled so the first
     parameter group uses the suggestion (and a module attribute or hyperparameter ``lr``/``learning_rate``
-    records it). Every other effect of the test (weights, optimizer state, RNG) is undone. Single device
-    only; runs only on a fresh fit. Results: :attr:`results` (``{"lr": [...], "loss": [...]}``), :attr:`suggestion`.
+    records it; ``attr_name`` names another). Every other effect of the test (weights, optimizer state, RNG) is
+    undone. Single device only; runs only on a fresh fit. Results: :attr:`results` (``{"lr": [...], "loss":
+    [...]}``), :attr:`suggestion` (the rate), :attr:`optimal_lr` (Lightning's result object, with
+    ``suggestion()`` and ``plot()``).
     """
 
     def __init__(
@@ -52,7 +96,9 @@ class LearningRateFinder(Callback):
         mode: str = "exponential",
         early_stop_threshold: Optional[float] = 4.0,
         update_attr: bool = True,
+        attr_name: str = "",
         smoothing: float = 0.05,
+        weights_only: Optional[bool] = None,
     ) -> None:
         if not 0 < min_lr < max_lr:
             raise ConfigurationError(
@@ -67,10 +113,14 @@ class LearningRateFinder(Callback):
         self.mode = mode
         self.early_stop_threshold = early_stop_threshold
         self.update_attr = update_attr
+        self.attr_name = attr_name
         self.smoothing = smoothing
+        self.weights_only = weights_only  # Lightning's (it reloads a checkpoint); the state is restored in memory here
         self.results: dict[str, list[float]] = {"lr": [], "loss": []}
         self.suggestion: Optional[float] = None
+        self.optimal_lr: Optional[LRFinderResult] = None
         self.plot_path: Optional[str] = None
+        self._early_exit = False  # set by trainer.tuner.Tuner: end the fit after the test
 
     def lr_at(self, step: int) -> float:
         """The learning rate of range-test step ``step``."""
@@ -91,7 +141,9 @@ class LearningRateFinder(Callback):
         if self.update_attr and self.suggestion:
             first = trainer.optimizers[0].param_groups[0]["lr"]
             scale_learning_rates(trainer, self.suggestion / first)
-            record_hparam(module, ("lr", "learning_rate"), self.suggestion)
+            record_hparam(module, (self.attr_name,) if self.attr_name else ("lr", "learning_rate"), self.suggestion)
+        if self._early_exit:
+            raise TunerExit()
 
     def run(self, trainer: Any, module: Any) -> None:
         """The range test itself: fills :attr:`results` and :attr:`suggestion`, then undoes its training."""
@@ -121,6 +173,7 @@ class LearningRateFinder(Callback):
             trials.restore()
         self.results = {"lr": lrs, "loss": losses}
         self.suggestion = suggest_lr(lrs, losses)
+        self.optimal_lr = LRFinderResult(self.results, self.mode)
 
     def save(self, folder: str) -> None:
         """Write ``lr_find.csv`` and, when matplotlib is installed, ``lr_find.png`` into ``folder``."""

@@ -1,11 +1,11 @@
 """``ModelCheckpoint``: save checkpoints during ``fit`` — the top-k by a monitored metric, the latest, ``last``.
 
 When it saves (Lightning's rules): every ``every_n_train_steps`` optimizer steps, every
-``train_time_interval``, or every ``every_n_epochs`` epochs (the default, 1) — at the end of the training
-epoch, or after validation when validation runs inside epochs or not every epoch. At the end of training it
-also saves the final state when its newest checkpoint is older: ``last`` (with ``save_last``) and, without a
-``monitor``, the latest checkpoint. Nothing is saved under ``fast_dev_run``, during the sanity check, or
-twice for one global step.
+``train_time_interval``, or every ``every_n_epochs`` epochs (the default, 1; ``0`` never) — at the end of the
+training epoch, or after validation when validation runs inside epochs or not every epoch. ``last`` is written
+with each of those saves, and once at the end of training if nothing was saved before; no other save happens
+outside the schedule. ``save_on_exception=True`` also saves when the fit raises. Nothing is saved under
+``fast_dev_run``, during the sanity check, or twice for one global step.
 
 Its bookkeeping (``best_k_models``, ``best_model_path``, ``last_model_path``, ...) is saved in every checkpoint
 it writes, so top-k continues correctly after a resume.
@@ -52,8 +52,10 @@ class ModelCheckpoint(Callback):
         save_top_k: how many to keep; ``-1`` keeps all, ``0`` none (``last`` is still written with ``save_last``).
         save_last: also keep ``last.ckpt`` as the newest state: ``True`` (a hard link to the checkpoint just saved,
             or a full save), ``"link"`` (a symbolic link where possible).
+        save_on_exception: also save a checkpoint (named by ``filename``, and ``last``) when the fit raises.
         save_weights_only: write module weights and hyperparameters only (not resumable).
-        every_n_train_steps / train_time_interval / every_n_epochs: when to save (mutually exclusive).
+        every_n_train_steps / train_time_interval / every_n_epochs: when to save (mutually exclusive);
+            ``every_n_epochs=0`` never saves on epochs.
         save_on_train_epoch_end: save at the training epoch's end (``True``) or after validation (``False``);
             ``None`` decides from the validation schedule.
         enable_version_counter: add ``-v1``, ``-v2``... instead of overwriting a file of the same name.
@@ -76,6 +78,7 @@ class ModelCheckpoint(Callback):
         verbose: bool = False,
         save_last: Union[None, bool, str] = None,
         save_top_k: int = 1,
+        save_on_exception: bool = False,
         save_weights_only: bool = False,
         mode: str = "min",
         auto_insert_metric_name: bool = True,
@@ -101,6 +104,7 @@ class ModelCheckpoint(Callback):
         self.verbose = verbose
         self.save_last = save_last
         self.save_top_k = save_top_k
+        self.save_on_exception = bool(save_on_exception)
         self.save_weights_only = save_weights_only
         self.mode = mode
         self.auto_insert_metric_name = auto_insert_metric_name
@@ -122,6 +126,7 @@ class ModelCheckpoint(Callback):
         self.last_model_path = ""
         self._last_global_step_saved = 0
         self._just_saved = ""  # the file this callback wrote in the current save (last.ckpt links to it)
+        self._last_checkpoint_saved = ""  # the newest file this callback wrote, in any save
         self._last_time_checked: Optional[float] = None
         self._time_checked_step = -1
         self._validated = False
@@ -133,6 +138,11 @@ class ModelCheckpoint(Callback):
             monitor=self.monitor, mode=self.mode, every_n_train_steps=self._every_n_train_steps,
             every_n_epochs=self._every_n_epochs, train_time_interval=self._train_time_interval,
         )  # fmt: skip
+
+    @property
+    def every_n_epochs(self) -> int:
+        """Epochs between saves (``0``: no epoch-based saves)."""
+        return self._every_n_epochs
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
@@ -153,24 +163,26 @@ class ModelCheckpoint(Callback):
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         if not self._skip(trainer) and self._saves_on_train_epoch_end(trainer):
-            self._save_all(trainer, top_k=self._epoch_is_due(trainer))
+            self._save_all(trainer, top_k=self._epoch_is_due(trainer), last_if_saved=True)
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
         if trainer.sanity_checking or trainer.state_stage != "fit":
             return
         self._validated = True
         if not self._skip(trainer) and not self._saves_on_train_epoch_end(trainer):
-            self._save_all(trainer, top_k=self._epoch_is_due(trainer))
+            self._save_all(trainer, top_k=self._epoch_is_due(trainer), last_if_saved=True)
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
-        # Training stopped (max_steps mid-epoch, an epoch off the every_n_epochs schedule, early stopping):
-        # the newest checkpoint should be the final state. A monitored top-k is also considered when max_steps
-        # ended the epoch mid-way, as Lightning's end of that epoch does.
+        # As Lightning: saves on the schedule only (every_n_epochs=2 over 5 epochs writes epochs 1 and 3), and
+        # ``last`` once if nothing was saved during the fit (save_top_k=0, say).
         if not self._skip(trainer):
-            mid_epoch = trainer.fit_loop.progress.batch_in_epoch > 0
-            due = mid_epoch and self._saves_on_train_epoch_end(trainer) and self._epoch_is_due(trainer)
-            if self.save_last or self.monitor is None or due:
-                self._save_all(trainer, top_k=self.monitor is None or due)
+            progress = getattr(getattr(trainer, "fit_loop", None), "progress", None)
+            if progress is not None and progress.batch_in_epoch > 0 and not progress.epoch_finished:
+                # max_steps stopped the epoch mid-way, so its end hooks did not run here; Lightning still ends that
+                # epoch (and saves on its schedule): do the save the epoch end would have done.
+                self._save_all(trainer, top_k=self._epoch_is_due(trainer), last_if_saved=True)
+            if self.save_last and not self._last_checkpoint_saved and not self._skip(trainer):
+                self._save_all(trainer, top_k=False)
         if self.monitor is not None and self.monitor in self._warned and not self.best_model_path and self.save_top_k:
             self._warn_never_logged(trainer)
 
@@ -185,6 +197,23 @@ class ModelCheckpoint(Callback):
             f"checkpoint was saved for it and best_model_path is empty.{hint}{kept} Log {self.monitor!r} with "
             "self.log(...), monitor a metric that is logged, or pass save_last=True to keep the final weights."
         )
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        if not self.save_on_exception or self._skip(trainer):
+            return
+        if trainer.world_size > 1:  # a save is a collective, and the other processes may not have raised
+            self._warn_once("exception", "ModelCheckpoint(save_on_exception=True) saves in single-process runs only: "
+                            "with several processes the others may not have raised, so the save would wait forever. "
+                            "Save regularly with every_n_train_steps instead.")  # fmt: skip
+            return
+        metrics = self._monitor_candidates(trainer)
+        path = self._unique_path(trainer, metrics, None, "")
+        self._save(trainer, path)
+        if self.save_last:
+            previous = self.last_model_path
+            self.last_model_path = self._unique_path(trainer, metrics, self.CHECKPOINT_NAME_LAST, previous)
+            self._write_last(trainer, previous)
+        rank_zero_info("%s was raised (%s): saved a checkpoint to %s", type(exception).__name__, exception, path)
 
     # ------------------------------------------------------------------ when
     def _skip(self, trainer: Any) -> bool:
@@ -222,10 +251,13 @@ class ModelCheckpoint(Callback):
         return due
 
     # ------------------------------------------------------------------ saving
-    def _save_all(self, trainer: Any, top_k: bool) -> None:
+    def _save_all(self, trainer: Any, top_k: bool, last_if_saved: bool = False) -> None:
+        """Save the top-k (when ``top_k``) and ``last``; with ``last_if_saved`` (epoch ends), ``last`` only if a
+        checkpoint was written now (or, with ``save_last="link"``, was written before), as Lightning does."""
         metrics = self._monitor_candidates(trainer)
         previous_last = self.last_model_path
-        if self.save_last:  # named first, so the checkpoints written now already record it
+        write_last = bool(self.save_last)
+        if write_last:  # named first, so the checkpoints written now already record it
             self.last_model_path = self._unique_path(trainer, metrics, self.CHECKPOINT_NAME_LAST, previous_last)
         self._just_saved = ""
         if top_k and self.save_top_k != 0:
@@ -235,7 +267,11 @@ class ModelCheckpoint(Callback):
                 self._save_if_top_k(trainer, metrics)
         if top_k and self.keep_last_n:
             self._keep_recent(trainer, metrics)
-        if self.save_last:
+        if write_last and last_if_saved and not self._just_saved:
+            write_last = self.save_last == "link" and bool(self._last_checkpoint_saved)
+            if not write_last:
+                self.last_model_path = previous_last
+        if write_last:
             self._write_last(trainer, previous_last)
 
     def _save_latest(self, trainer: Any, metrics: dict[str, Any]) -> None:
@@ -316,7 +352,7 @@ class ModelCheckpoint(Callback):
             trainer.save_checkpoint(path, self.save_weights_only, asynchronous=True)
         else:
             trainer.save_checkpoint(path, self.save_weights_only)
-        self._just_saved = path
+        self._just_saved = self._last_checkpoint_saved = path
 
     def _remove_if_ours(self, trainer: Any, previous: str, current: str) -> None:
         """Delete a file this callback wrote before, unless it is still in use or lies outside ``dirpath``."""
@@ -384,6 +420,27 @@ class ModelCheckpoint(Callback):
         if key not in self._warned:
             self._warned.add(key)
             rank_zero_warn(message)
+
+    def to_yaml(self, filepath: Optional[Union[str, os.PathLike]] = None) -> None:
+        """Write ``best_k_models`` (checkpoint path: score) as YAML, by default to ``<dirpath>/best_k_models.yaml``."""
+        import yaml
+
+        if filepath is None:
+            if self.dirpath is None:
+                raise ConfigurationError(
+                    "ModelCheckpoint.to_yaml() needs a folder: give to_yaml(filepath) or call it after fit has set "
+                    "dirpath."
+                )
+            filepath = storage.join(self.dirpath, "best_k_models.yaml")
+        text = yaml.safe_dump({path: float(score) for path, score in self.best_k_models.items()})
+        path = os.fspath(filepath)
+        if storage.is_remote(path):
+            fs, inner = storage.filesystem(path)
+            with fs.open(inner, "w") as handle:
+                handle.write(text)
+        else:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -27,6 +27,8 @@ class RichProgressBar(Callback):
     Per batch it only stores the batch index and compares the clock; metrics are read from
     ``trainer.progress_bar_metrics`` (which reads the device) only when it redraws.
     Pass ``console=rich.console.Console(...)`` to draw somewhere else. Only global rank 0 draws.
+    Lightning's ``refresh_rate`` (batches) and ``leave`` are accepted: ``refresh_rate=0`` hides the bars, other
+    values keep the time-based redraw.
     """
 
     def __init__(
@@ -35,7 +37,12 @@ class RichProgressBar(Callback):
         line_interval: float = 10.0,
         console: Any = None,
         console_kwargs: Optional[dict[str, Any]] = None,
+        *,
+        refresh_rate: Optional[int] = None,
+        leave: bool = False,
     ) -> None:
+        self.refresh_rate = refresh_rate
+        self.leave = leave
         self.refresh_interval = refresh_interval
         self.line_interval = line_interval
         self.console = console
@@ -91,7 +98,7 @@ class RichProgressBar(Callback):
 
     # ------------------------------------------------------------------ fit
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
-        self._enabled = trainer.is_global_zero
+        self._enabled = trainer.is_global_zero and self.refresh_rate != 0
 
     def on_sanity_check_start(self, trainer: Any, module: Any) -> None:
         steps = trainer.num_sanity_val_steps

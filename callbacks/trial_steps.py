@@ -22,6 +22,11 @@ def _cpu_copy(state: Any) -> Any:
     return copy.deepcopy(state)
 
 
+class TunerExit(Exception):
+    """Raised by a finder run from ``trainer.tuner.Tuner`` once its search is done: the fit the Tuner started ends
+    there, cleanly (no training, no ``on_exception``), as Lightning's Tuner does."""
+
+
 class TrialSteps:
     """Snapshot the module, optimizer, precision and RNG state on creation; :meth:`step` runs one full
     training step (forward, backward, optimizer step) through the strategy; :meth:`restore` undoes them all.

@@ -26,11 +26,12 @@ if TYPE_CHECKING:  # pragma: no cover
 _LAZY = {
     "CSVLogger": "trainer.loggers.csv_logger",
     "MLflowLogger": "trainer.loggers.mlflow_logger",
+    "MLFlowLogger": "trainer.loggers.mlflow_logger",  # Lightning's spelling
     "TensorBoardLogger": "trainer.loggers.tensorboard_logger",
     "WandbLogger": "trainer.loggers.wandb_logger",
 }
 
-__all__ = ["CSVLogger", "Logger", "MLflowLogger", "TensorBoardLogger", "WandbLogger", "default_logger"]
+__all__ = ["CSVLogger", "Logger", "MLFlowLogger", "MLflowLogger", "TensorBoardLogger", "WandbLogger", "default_logger"]
 
 
 def __getattr__(name: str) -> Any:

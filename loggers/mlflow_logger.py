@@ -98,3 +98,7 @@ class MLflowLogger(Logger):
         """Mark the run FINISHED, FAILED or KILLED."""
         if self._client is not None:
             self._client.set_terminated(self._run_id, _STATUS.get(status, "FINISHED"))
+
+
+#: Lightning spells it ``MLFlowLogger``.
+MLFlowLogger = MLflowLogger

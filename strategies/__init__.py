@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from trainer.strategies.data_parallel.fsdp import FSDPStrategy  # noqa: F401
     from trainer.strategies.nd.model_parallel import ModelParallelStrategy  # noqa: F401
     from trainer.strategies.nd.nd_parallel import NDParallelStrategy  # noqa: F401
+    from trainer.strategies.parallel import ParallelStrategy  # noqa: F401
     from trainer.strategies.data_parallel.zero import Zero1Strategy, Zero2Strategy, ZeroStrategy  # noqa: F401
 
 _LAZY = {
@@ -44,6 +45,7 @@ _LAZY = {
     "LocalEnvironment": "trainer.strategies.launch.environments",
     "ModelParallelStrategy": "trainer.strategies.nd.model_parallel",
     "NDParallelStrategy": "trainer.strategies.nd.nd_parallel",
+    "ParallelStrategy": "trainer.strategies.parallel",
     "SLURMEnvironment": "trainer.strategies.launch.environments",
     "TorchElasticEnvironment": "trainer.strategies.launch.environments",
     "Zero1Strategy": "trainer.strategies.data_parallel.zero",

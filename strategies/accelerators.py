@@ -16,7 +16,10 @@ def _mps_available() -> bool:
 
 
 def resolve_accelerator(accelerator: Any) -> str:
-    """Return ``"cpu"``, ``"cuda"`` or ``"mps"`` for an ``accelerator=`` argument, or raise a clear error."""
+    """Return ``"cpu"``, ``"cuda"`` or ``"mps"`` for an ``accelerator=`` argument (a name, or an
+    :class:`Accelerator` object as Lightning takes: ``CPUAccelerator()``), or raise a clear error."""
+    if isinstance(accelerator, Accelerator) and accelerator.name:
+        accelerator = accelerator.name
     if not isinstance(accelerator, str) or accelerator.lower() not in ACCELERATORS:
         raise ConfigurationError(
             f"accelerator={accelerator!r} is not known. Valid values: {', '.join(repr(a) for a in ACCELERATORS)}."

@@ -65,22 +65,22 @@ def test_filename_templates_with_metrics(tmp_path: Path) -> None:
     assert files(tmp_path / "bare") == ["run-00-4-5.0.ckpt", "run-01-8-3.0.ckpt"]
 
 
-def test_every_n_train_steps_and_the_final_state(tmp_path: Path) -> None:
+def test_every_n_train_steps_saves_on_its_schedule_only(tmp_path: Path) -> None:
     callback = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=3, save_top_k=-1)
-    fit(tmp_path, callback, max_epochs=2)  # 8 steps; the last save is older than the end of training
-    assert files(tmp_path / "ck") == ["epoch=0-step=3.ckpt", "epoch=1-step=6.ckpt", "epoch=1-step=8.ckpt"]
+    fit(tmp_path, callback, max_epochs=2)  # 8 steps: no save of the final state outside the schedule (as Lightning)
+    assert files(tmp_path / "ck") == ["epoch=0-step=3.ckpt", "epoch=1-step=6.ckpt"]
 
 
 def test_every_n_epochs(tmp_path: Path) -> None:
     callback = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_epochs=2, save_top_k=-1, filename="{epoch}")
     fit(tmp_path, callback, max_epochs=5)
-    assert files(tmp_path / "ck") == ["epoch=1.ckpt", "epoch=3.ckpt", "epoch=4.ckpt"]  # 4: the final state
+    assert files(tmp_path / "ck") == ["epoch=1.ckpt", "epoch=3.ckpt"]  # as Lightning: no final save off the schedule
 
 
 def test_train_time_interval(tmp_path: Path) -> None:
     never = ModelCheckpoint(dirpath=tmp_path / "never", train_time_interval=timedelta(hours=1), save_top_k=-1)
     fit(tmp_path / "a", never, max_epochs=2)
-    assert files(tmp_path / "never") == ["epoch=1-step=8.ckpt"]  # only the final state, named after its epoch
+    assert files(tmp_path / "never") == []  # the interval never passed (as Lightning: no final save)
     often = ModelCheckpoint(dirpath=tmp_path / "often", train_time_interval=1e-9, save_top_k=-1)
     fit(tmp_path / "b", often, max_epochs=2)
     assert len(files(tmp_path / "often")) == 8  # the interval has passed at every step

@@ -10,6 +10,7 @@ from trainer._source_layout import install as _install_source_layout
 _install_source_layout()  # before anything imports trainer.strategies and friends
 
 from trainer.strategies.errors import ConfigurationError
+from trainer.callbacks.callback import Callback
 from trainer.strategies.rank import rank_zero_info, rank_zero_only, rank_zero_warn
 from trainer.data.combined_loader import CombinedLoader
 from trainer.faults.nonfinite import NonFiniteLossError
@@ -22,6 +23,7 @@ from trainer.trainer_cli import TrainerCLI
 __version__ = "0.1.0"
 
 __all__ = [
+    "Callback",
     "CombinedLoader",
     "ConfigurationError",
     "DataModule",

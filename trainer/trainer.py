@@ -15,6 +15,7 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, 
 import torch
 
 from trainer.callbacks.callback import Callback
+from trainer.callbacks.trial_steps import TunerExit
 from trainer.loggers.logger import Logger
 from trainer.loggers.run_folder import agree_versions
 from trainer.strategies.accelerators import Accelerator, accelerator_for
@@ -50,7 +51,8 @@ from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module.train_module import TrainModule, configure_model_once
 from trainer.module.train_mode import warn_modules_in_eval_mode
 from trainer.loops.optimizers import SchedulerConfig, parse_optimizers
-from trainer.config.plugins import apply_to_strategy, check_sync_batchnorm, sort_plugins, sync_batchnorm_layers
+from trainer.config.plugins import (apply_to_strategy, check_sync_batchnorm, layer_sync_of, sort_plugins,
+                                    sync_batchnorm_layers)
 from trainer.profiler.profilers import Profiler, build_profiler
 from trainer.reproducibility import torch_flags
 from trainer.reproducibility.seed import isolated_rng, seed_everything
@@ -159,7 +161,9 @@ class Trainer:
                                                  plugin_settings.precision or precision,
                                                  plugin_settings.cluster_environment)  # fmt: skip
         apply_to_strategy(self.strategy, plugin_settings)
-        check_sync_batchnorm(self.sync_batchnorm, self.strategy)
+        self._layer_sync = layer_sync_of(self.sync_batchnorm, plugin_settings)
+        self.sync_batchnorm = self._layer_sync is not None
+        check_sync_batchnorm(self._layer_sync, self.strategy)
         self.precision: str = self.strategy.precision.name
         self.num_nodes = num_nodes
         check_benchmark(benchmark, deterministic)
@@ -302,7 +306,7 @@ class Trainer:
         self._begin_fit_data(model, train_dataloaders, val_dataloaders, datamodule)
         with self._stage("fit", model, datamodule):
             if self.sync_batchnorm:
-                sync_batchnorm_layers(model, self.strategy)
+                sync_batchnorm_layers(model, self.strategy, self._layer_sync)
             self._setup_module(model)
             self._setup_optimizers(model)
             self.should_stop = False
@@ -400,6 +404,8 @@ class Trainer:
             finished = True
             if self._status is not TrainerStatus.INTERRUPTED:  # a stop signal or a non-finite loss said otherwise
                 self._status = TrainerStatus.FINISHED
+        except TunerExit:
+            finished = True  # a finder run by trainer.tuner.Tuner is done: the fit ends here, cleanly
         except BaseException as exc:
             self._status = TrainerStatus.INTERRUPTED
             for hook in self._hooks.callback_hooks["on_exception"]:
@@ -472,6 +478,10 @@ class Trainer:
         self._set_train_dataloader(data_utils.fit_train_loader(train, datamodule, self.module), "train_dataloaders",
                                    agree)  # fmt: skip
         self._last_train_reload_epoch = self.current_epoch
+        if self.loggers and not self.fast_dev_run and self.num_training_batches < self.log_every_n_steps:
+            rank_zero_warn(f"The training dataloader has {self.num_training_batches} batches per epoch, fewer than "
+                           f"Trainer(log_every_n_steps={self.log_every_n_steps}): training values reach the loggers "
+                           "less than once per epoch. Lower log_every_n_steps to see them every epoch.")  # fmt: skip
 
     def _load_val_data(self) -> None:
         """Request fit's validation loaders where Lightning does: the first time validation runs, then again when

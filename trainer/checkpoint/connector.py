@@ -19,6 +19,8 @@ skips the finished batches without loading them) and the saved RNG is put back a
 """
 from __future__ import annotations
 
+import ast
+
 import os
 import re
 from pathlib import Path
@@ -79,7 +81,9 @@ class CheckpointConnector:
                 checkpoint["accumulated_grads"] = self._accumulated_grads()
             checkpoint["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
             if trainer.datamodule is not None:
-                checkpoint["datamodule"] = trainer.datamodule.state_dict()
+                datamodule_state = trainer.datamodule.state_dict()
+                if datamodule_state:  # under the class's __qualname__, as Lightning stores it
+                    checkpoint[type(trainer.datamodule).__qualname__] = datamodule_state
             trainer._call_hook("on_save_checkpoint", checkpoint)
         return checkpoint
 
@@ -216,7 +220,7 @@ class CheckpointConnector:
             states = safe_load(newest).get("callbacks") or {}
         except (CheckpointError, OSError, AttributeError):
             return ""
-        ordered = [states.get(callback.state_key)] + list(states.values())
+        ordered = [callback_state(states, callback.state_key)] + list(states.values())
         for state in ordered:
             best = state.get("best_model_path") if isinstance(state, dict) else None
             if best and storage.exists(best):
@@ -313,6 +317,12 @@ class CheckpointConnector:
                 f"'{path}' has {len(states)} optimizer state(s) but configure_optimizers returned "
                 f"{len(trainer.optimizers)}."
             )
+        # Callbacks first: one may re-create the parameter groups the saved optimizer state has (BaseFinetuning).
+        saved_callbacks = checkpoint.get("callbacks", {})
+        for callback in trainer.callbacks:
+            state = callback_state(saved_callbacks, callback.state_key)
+            if state:
+                callback.load_state_dict(state)
         for optimizer, state in zip(trainer.optimizers, states):
             strategy.load_optimizer_state_dict(optimizer, state)
         for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
@@ -326,13 +336,10 @@ class CheckpointConnector:
             progress.epoch += 1
             progress.batch_in_epoch = 0
             progress.epoch_finished = False
-        saved_callbacks = checkpoint.get("callbacks", {})
-        for callback in trainer.callbacks:
-            state = saved_callbacks.get(callback.state_key)
-            if state:
-                callback.load_state_dict(state)
-        if trainer.datamodule is not None and "datamodule" in checkpoint:
-            trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+        if trainer.datamodule is not None:
+            datamodule_state = checkpoint.get(type(trainer.datamodule).__qualname__, checkpoint.get("datamodule"))
+            if datamodule_state is not None:  # "datamodule": where checkpoints of earlier versions kept it
+                trainer.datamodule.load_state_dict(datamodule_state)
         self._restore_accumulated_grads(checkpoint.get("accumulated_grads"), path)
         trainer._call_hook("on_load_checkpoint", checkpoint)
         trainer.ckpt_path = self.last_saved_path = str(path)
@@ -393,3 +400,24 @@ class CheckpointConnector:
         if resume.get("rng") is not None:
             restore_rng_state(resume["rng"])  # positioning replayed the sampler's draws; training continues from here
         return iterator
+
+
+def callback_state(saved: dict[str, Any], state_key: str) -> Any:
+    """The state saved under ``state_key``, or under the same key with its arguments sorted (how checkpoints of
+    earlier versions wrote ``EarlyStopping{'mode': 'min', 'monitor': 'val_loss'}``)."""
+    state = saved.get(state_key)
+    if state is not None or "{" not in state_key:
+        return state
+    name, _, arguments = state_key.partition("{")
+    try:
+        wanted = ast.literal_eval("{" + arguments)
+    except (ValueError, SyntaxError):
+        return None
+    for key, value in saved.items():
+        if isinstance(key, str) and key.startswith(name + "{"):
+            try:
+                if ast.literal_eval(key[len(name):]) == wanted:
+                    return value
+            except (ValueError, SyntaxError):
+                continue
+    return None

@@ -71,6 +71,10 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     every_n = args["check_val_every_n_epoch"]
     _require(every_n is None or (_is_int(every_n) and every_n >= 1),
              f"check_val_every_n_epoch={every_n!r} must be None or an int >= 1.")
+    _require(every_n is not None or interval is None or _is_int(interval),
+             f"val_check_interval={interval!r} is a fraction of an epoch, but check_val_every_n_epoch=None counts "
+             "batches across epochs: give val_check_interval as an int number of batches, or set "
+             "check_val_every_n_epoch.")
     sanity = args["num_sanity_val_steps"]
     _require(_is_int(sanity) and sanity >= -1, f"num_sanity_val_steps={sanity!r} must be -1 (all), 0 (off) or an int > 0.")
     log_every = args["log_every_n_steps"]
@@ -97,6 +101,13 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     out["fast_dev_run"] = True if fast == 1 else fast  # Lightning's value: fast_dev_run=1 reads back as True
     if overfit:  # the same first batches every epoch, for training and validation (shuffling is turned off)
         out.update(limit_train_batches=overfit, limit_val_batches=overfit)
+    if not fast:  # an int 1 and a float 1.0 mean different things: say which one was meant, as Lightning does
+        for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+                     "val_check_interval"):  # fmt: skip
+            if _is_int(args[name]) and args[name] == 1:
+                what = {"limit_train_batches": "1 batch per epoch will be used",
+                        "val_check_interval": "validation will run after every batch"}.get(name, "1 batch will be used")
+                rank_zero_info("`Trainer(%s=1)` was configured so %s.", name, what)
     return out
 
 

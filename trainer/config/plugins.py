@@ -1,12 +1,14 @@
-"""``Trainer(plugins=...)``: Lightning's way of handing the Trainer a precision plugin, a cluster environment or a
-checkpoint-IO object. Each is routed to where it belongs here: the precision plugin is the ``precision``
-argument, the cluster environment the strategy's, the checkpoint IO the strategy's single-file writer.
+"""``Trainer(plugins=...)``: Lightning's way of handing the Trainer a precision plugin, a cluster environment, a
+checkpoint-IO object or a layer sync. Each is routed to where it belongs here: the precision plugin is the
+``precision`` argument, the cluster environment the strategy's, the checkpoint IO the strategy's single-file
+writer, a layer sync (``TorchSyncBatchNorm``) converts the module's layers as ``sync_batchnorm=True`` does.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from trainer.plugins.layer_sync import LayerSync, TorchSyncBatchNorm
 from trainer.strategies.checkpoint.checkpoint_io import CheckpointIO
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.precision import Precision, canonical_precision
@@ -19,6 +21,7 @@ class PluginSettings:
     precision: Optional[Precision] = None
     cluster_environment: Any = None
     checkpoint_io: Optional[CheckpointIO] = None
+    layer_sync: Optional[LayerSync] = None
 
 
 def _is_cluster_environment(plugin: Any) -> bool:
@@ -45,6 +48,8 @@ def sort_plugins(plugins: Any, precision: Any) -> PluginSettings:
     for plugin in items:
         if isinstance(plugin, Precision):
             kind = "precision"
+        elif isinstance(plugin, LayerSync):
+            kind = "layer_sync"
         elif _is_cluster_environment(plugin):
             kind = "cluster_environment"
         elif _is_checkpoint_io(plugin):
@@ -52,8 +57,9 @@ def sort_plugins(plugins: Any, precision: Any) -> PluginSettings:
         else:
             raise ConfigurationError(
                 f"plugins: {plugin!r} is not a plugin the Trainer knows. Pass a strategies.Precision (e.g. "
-                "MixedPrecision('bf16-mixed')), a cluster environment (trainer.strategies.launch.environments.ClusterEnvironment) "
-                "or a checkpoint IO (trainer.strategies.checkpoint.checkpoint_io.CheckpointIO)."
+                "MixedPrecision('bf16-mixed')), a cluster environment (trainer.strategies.launch.environments.ClusterEnvironment), "
+                "a checkpoint IO (trainer.strategies.checkpoint.checkpoint_io.CheckpointIO) or a layer sync "
+                "(trainer.plugins.TorchSyncBatchNorm)."
             )
         if getattr(settings, kind) is not None:
             raise ConfigurationError(f"plugins: more than one {kind.replace('_', ' ')} plugin was given; pass one.")
@@ -78,8 +84,21 @@ def apply_to_strategy(strategy: Any, settings: PluginSettings) -> None:
     strategy.checkpoint_io = settings.checkpoint_io
 
 
-def check_sync_batchnorm(enabled: bool, strategy: Any) -> None:
+def layer_sync_of(sync_batchnorm: bool, settings: PluginSettings) -> Optional[LayerSync]:
+    """The layer sync to apply: ``TorchSyncBatchNorm`` for ``sync_batchnorm=True``, or the one in ``plugins=``."""
+    if settings.layer_sync is not None:
+        if sync_batchnorm:
+            raise ConfigurationError(
+                "Trainer got sync_batchnorm=True and a LayerSync plugin in plugins=; pass only one of them."
+            )
+        return settings.layer_sync
+    return TorchSyncBatchNorm() if sync_batchnorm else None
+
+
+def check_sync_batchnorm(enabled: Any, strategy: Any) -> None:
     """``sync_batchnorm=True`` needs GPUs when several processes train: torch's ``SyncBatchNorm`` has no CPU kernel."""
+    if isinstance(enabled, LayerSync):
+        enabled = isinstance(enabled, TorchSyncBatchNorm)
     if enabled and strategy.is_distributed and strategy.root_device.type == "cpu":
         raise ConfigurationError(
             "sync_batchnorm=True: torch.nn.SyncBatchNorm synchronises statistics on GPUs only, and these processes "
@@ -87,14 +106,13 @@ def check_sync_batchnorm(enabled: bool, strategy: Any) -> None:
         )
 
 
-def sync_batchnorm_layers(module: Any, strategy: Any) -> None:
-    """Replace the module's BatchNorm layers by ``torch.nn.SyncBatchNorm`` (in place) before a distributed strategy
-    wraps it; one process has nothing to synchronise and keeps them."""
+def sync_batchnorm_layers(module: Any, strategy: Any, layer_sync: Optional[LayerSync] = None) -> None:
+    """Replace the module's BatchNorm layers by ``torch.nn.SyncBatchNorm`` (or apply ``layer_sync``), in place,
+    before a distributed strategy wraps it; one process has nothing to synchronise and keeps them."""
     if not strategy.is_distributed:
         return
-    import torch
-
+    layer_sync = layer_sync or TorchSyncBatchNorm()
     for name, child in list(module.named_children()):
-        converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(child)
+        converted = layer_sync.apply(child)
         if converted is not child:
             setattr(module, name, converted)

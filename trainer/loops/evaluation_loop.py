@@ -92,6 +92,8 @@ class EvaluationLoop:
                         outputs = strategy.evaluation_step(self.step_name, *args)
                         if batch_end is not None:
                             batch_end(outputs, batch, batch_idx, dataloader_idx)
+                        if log_to_loggers and results.has_step_values:
+                            trainer._metrics.log_eval_step(results, results.dataloader_idx)
                         batch_idx += 1
                 results.dataloader_idx = None
                 results.epoch_level = True

@@ -260,7 +260,13 @@ class AutomaticOptimization:
 _NOT_RUN = object()
 
 
-class AutomaticOptimizer:
+class OptimizerWrapper:
+    """What ``self.optimizers()`` returns (Lightning's ``LightningOptimizer``, the base of both wrappers below): the
+    torch optimizer's attributes, with ``step``/``zero_grad`` going through the Trainer; ``.optimizer`` is the torch
+    optimizer. Built by the Trainer, never by hand."""
+
+
+class AutomaticOptimizer(OptimizerWrapper):
     """The optimizer as ``self.optimizers()`` returns it in automatic optimisation and as ``optimizer_step`` receives
     it (Lightning's ``LightningOptimizer``): ``param_groups``, ``state`` and the rest are the torch optimizer's;
     ``step(closure)`` runs the closure (the step's ``training_step`` and backward) then steps through the strategy
@@ -361,7 +367,7 @@ class ManualOptimization:
         return self.strategy.training_step(batch)
 
 
-class ManualOptimizer:
+class ManualOptimizer(OptimizerWrapper):
     """What ``self.optimizers()`` returns in manual optimisation: ``step()`` runs the precision plugin's
     step order (unscale → ``on_before_optimizer_step`` → step/skip → scaler update) and counts the step."""
 

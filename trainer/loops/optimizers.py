@@ -45,9 +45,12 @@ def _is_plateau(scheduler: Any) -> bool:
 def _scheduler_config(item: Any, monitor: Optional[str] = None, automatic: bool = True) -> SchedulerConfig:
     if isinstance(item, dict):
         unknown = set(item) - set(_SCHEDULER_KEYS)
-        if unknown:
-            raise ConfigurationError(
-                f"configure_optimizers: unknown lr_scheduler key(s) {sorted(unknown)}. Valid keys: {list(_SCHEDULER_KEYS)}."
+        if unknown:  # Lightning warns and ignores them (a typo'd key then does nothing: hence the warning)
+            warnings.warn(
+                f"configure_optimizers: unsupported lr_scheduler key(s) {sorted(unknown)} are ignored. Valid keys: "
+                f"{list(_SCHEDULER_KEYS)}; remove the others (a misspelt 'interval' or 'frequency' has no effect).",
+                RuntimeWarning,
+                stacklevel=2,
             )
         if "scheduler" not in item:
             raise ConfigurationError("configure_optimizers: an lr_scheduler dict needs a 'scheduler' key.")
@@ -56,7 +59,7 @@ def _scheduler_config(item: Any, monitor: Optional[str] = None, automatic: bool 
                 f"configure_optimizers: the lr_scheduler keys {sorted({'monitor', 'strict'} & set(item))} are ignored "
                 "in manual optimisation, where you call scheduler.step() yourself.", RuntimeWarning, stacklevel=3,
             )
-        config = SchedulerConfig(**{"monitor": monitor, **item})
+        config = SchedulerConfig(**{"monitor": monitor, **{k: v for k, v in item.items() if k not in unknown}})
     else:
         config = SchedulerConfig(scheduler=item, monitor=monitor)
     scheduler = config.scheduler
@@ -79,6 +82,13 @@ def _scheduler_config(item: Any, monitor: Optional[str] = None, automatic: bool 
         )
     if isinstance(config.frequency, bool) or not isinstance(config.frequency, int) or config.frequency < 1:
         raise ConfigurationError(f"configure_optimizers: lr_scheduler frequency={config.frequency!r} must be an int >= 1.")
+    if config.interval == "epoch" and type(scheduler).__name__ == "OneCycleLR":
+        warnings.warn(
+            "configure_optimizers: a OneCycleLR scheduler steps with 'interval': 'epoch', so its cycle (total_steps) "
+            "is spread over epochs. OneCycleLR is usually stepped per batch: did you mean 'interval': 'step'?",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     config.reduce_on_plateau = _is_plateau(scheduler)
     if config.reduce_on_plateau and not config.monitor:
         raise ConfigurationError(

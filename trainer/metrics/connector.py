@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 
-from typing import Any
+from typing import Any, Optional
 
 from trainer.strategies.rank import rank_zero_only
 from trainer.metrics.logged_metrics import ResultCollection
@@ -70,6 +70,17 @@ class MetricsConnector:
         self.progress_bar_metrics.update(results.prog_bar_metrics())
         self.send(results.epoch_metrics(logger_only=True))
 
+    def log_eval_step(self, results: ResultCollection, dataloader_idx: Optional[int]) -> None:
+        """After an evaluation batch that logged ``on_step=True`` values: send them at the step that counts this
+        loader's evaluation batches (over the whole fit, as Lightning does), without an ``epoch`` key."""
+        metrics = results.eval_step_metrics(dataloader_idx)
+        seen = results.seen_batches
+        index = dataloader_idx or 0
+        while len(seen) <= index:
+            seen.append(0)
+        self.send(metrics, step=seen[index])
+        seen[index] += 1
+
     def finish_eval(self, results: ResultCollection, num_loaders: int, log: bool) -> list[dict[str, float]]:
         """At the end of an evaluation epoch: reduce, keep and log the values; one dict per dataloader."""
         results.sync(epoch=True)
@@ -85,18 +96,26 @@ class MetricsConnector:
         """The step index loggers record: that of the last optimizer step (0-based, as in Lightning)."""
         return max(self.trainer.fit_loop.progress.batches_that_stepped - 1, 0)
 
-    def send(self, metrics: dict[str, Any]) -> None:
-        """Record ``metrics`` as logged (with the epoch) and write them on global rank 0."""
+    def send(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+        """Record ``metrics`` in ``trainer.logged_metrics`` and write them on global rank 0, as Lightning does:
+        ``logger.log_metrics(metrics=..., step=...)`` with keywords. Without an explicit ``step``, a logged
+        ``"step"`` value is the step, else the loggers also get the integer ``epoch`` (which stays out of
+        ``logged_metrics``) at the last optimizer step."""
         if not metrics:
             return
         trainer = self.trainer
-        metrics = dict(metrics, epoch=trainer.current_epoch)
         self.logged_metrics.update(metrics)
         if trainer.loggers and trainer.is_global_zero:
             floats = {k: float(v) for k, v in metrics.items()}
-            step = self.logger_step()
+            if step is None:
+                logged_step = floats.pop("step", None)
+                if logged_step is not None:
+                    step = int(logged_step)
+                else:
+                    floats.setdefault("epoch", trainer.current_epoch)
+                    step = self.logger_step()
             for logger in trainer.loggers:
-                logger.log_metrics(floats, step)
+                logger.log_metrics(metrics=floats, step=step)
 
     @rank_zero_only
     def log_hyperparams(self, model: Any, datamodule: Any) -> None:

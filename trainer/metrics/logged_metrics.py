@@ -22,7 +22,8 @@ from torch import Tensor
 from trainer.strategies.errors import ConfigurationError
 
 _REDUCE_NAMES = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
-_REDUCE_FUNCS = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min"}
+# Python's built-in sum/max/min are accepted as Lightning accepts them (``self.log(..., reduce_fx=max)``).
+_REDUCE_FUNCS = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min", sum: "sum", max: "max", min: "min"}
 
 
 def _reduce_name(reduce_fx: Union[str, Callable]) -> str:
@@ -32,7 +33,7 @@ def _reduce_name(reduce_fx: Union[str, Callable]) -> str:
         return _REDUCE_FUNCS[reduce_fx]
     raise ConfigurationError(
         f"self.log(reduce_fx={reduce_fx!r}) is not supported. Use 'mean', 'sum', 'max', 'min' "
-        "(or torch.mean/sum/max/min)."
+        "(or torch.mean/sum/max/min, or Python's sum/max/min)."
     )
 
 
@@ -61,15 +62,24 @@ class LoggedValue:
 
     __slots__ = (
         "name", "options", "on_step", "on_epoch", "prog_bar", "logger", "reduce", "sync_dist",
-        "call", "dataloader_idx", "last", "total", "weight", "metric", "_step_cache", "_epoch_cache",
+        "call", "dataloader_idx", "step_key", "epoch_key", "last", "total", "weight", "metric",
+        "_step_cache", "_epoch_cache",
     )  # fmt: skip
 
-    def __init__(self, name: str, options: tuple, call: tuple, dataloader_idx: Optional[int]) -> None:
-        self.name = name
+    def __init__(self, name: str, key: str, options: tuple, call: tuple, dataloader_idx: Optional[int]) -> None:
+        self.name = key
         self.options = options
         self.on_step, self.on_epoch, self.prog_bar, self.logger, self.reduce, self.sync_dist = options
         self.call = call  # the self.log arguments it was made from (ResultCollection.log compares them)
+        # The dataloader it was logged from (None at epoch level or with one loader), whether or not its
+        # index is in the name: add_dataloader_idx=False values belong to their own loader's results.
         self.dataloader_idx = dataloader_idx
+        # Logged both per step and per epoch: Lightning's forked names, suffix before the loader index
+        # ("x_epoch/dataloader_idx_0").
+        suffix = key[len(name):]
+        forked = self.on_step and self.on_epoch
+        self.step_key = f"{name}_step{suffix}" if forked else key
+        self.epoch_key = f"{name}_epoch{suffix}" if forked else key
         self.last: Any = None
         self.total: Any = None
         self.weight = 0
@@ -207,6 +217,8 @@ class ResultCollection:
         self._batch_size = 1
         self._sized_batch: Any = None  # the batch _batch_size is of (the reference keeps its id from being reused)
         self.dataloader_idx: Optional[int] = None  # set by evaluation loops with several dataloaders
+        self.has_step_values = False  # something was logged on_step=True: evaluation loops then send it per batch
+        self.seen_batches: list[int] = []  # evaluation batches sent per dataloader: their logger step (kept by reset)
         self._strategy = strategy  # reduces sync_dist values (Strategy.reduce) at sync points
         self._reduce_fn = strategy.reduce
 
@@ -235,18 +247,30 @@ class ResultCollection:
         # The call as made (defaults not yet resolved, with the level that resolves them): a repeated call
         # compares one tuple and updates.
         call = (on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist, self.epoch_level)
-        dataloader_idx = self.dataloader_idx if add_dataloader_idx else None
-        if dataloader_idx is not None:
-            name = f"{name}/dataloader_idx_{dataloader_idx}"
-        entry = self.values.get(name)
-        if entry is None or entry.call != call:
-            entry = self._new_entry(name, value, call, dataloader_idx, entry)
+        dataloader_idx = self.dataloader_idx
+        key = name if dataloader_idx is None or not add_dataloader_idx else f"{name}/dataloader_idx_{dataloader_idx}"
+        entry = self.values.get(key)
+        if entry is None or entry.call != call or entry.dataloader_idx != dataloader_idx:
+            entry = self._new_entry(name, key, value, call, dataloader_idx, entry)
         entry.update(value, batch_size, self)
 
     def _new_entry(
-        self, key: str, value: Any, call: tuple, dataloader_idx: Optional[int], previous: Optional[LoggedValue]
+        self,
+        name: str,
+        key: str,
+        value: Any,
+        call: tuple,
+        dataloader_idx: Optional[int],
+        previous: Optional[LoggedValue],
     ) -> LoggedValue:
         on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist, epoch_level = call
+        if (previous is not None and previous.dataloader_idx is not None and dataloader_idx is not None
+                and previous.dataloader_idx != dataloader_idx):  # fmt: skip
+            raise ConfigurationError(
+                f"self.log({name!r}, add_dataloader_idx=False) was called from dataloader {previous.dataloader_idx} "
+                f"and from dataloader {dataloader_idx}: their values would mix. Give each dataloader its own name "
+                "(e.g. f'{name}_{dataloader_idx}') or leave add_dataloader_idx=True."
+            )
         if on_step is None:
             on_step = self.training and not epoch_level
         if on_epoch is None:
@@ -275,8 +299,11 @@ class ResultCollection:
                 f"self.log({key!r}, value) got a {type(value).__name__}; log a number, a scalar tensor "
                 "or a torchmetrics.Metric."
             )
-        entry = LoggedValue(key, options, call, dataloader_idx)
-        if previous is not None and previous.options[:2] == options[:2] and previous.reduce == reduce:
+        entry = LoggedValue(name, key, options, call, dataloader_idx)
+        if on_step and logger:
+            self.has_step_values = True
+        if (previous is not None and previous.options[:2] == options[:2] and previous.reduce == reduce
+                and previous.dataloader_idx == dataloader_idx):  # fmt: skip
             # Only display options changed (prog_bar/logger): keep the accumulated epoch state.
             entry.total, entry.weight, entry.metric = previous.total, previous.weight, previous.metric
         self.values[key] = entry
@@ -296,6 +323,7 @@ class ResultCollection:
                 entry.metric.reset()
         self.values.clear()
         self.epoch_done = False
+        self.has_step_values = False
 
     def step_metrics(self, logger_only: bool = False, sync: bool = False) -> dict[str, Any]:
         """Latest step values; keys get a ``_step`` suffix when the name is also logged per epoch."""
@@ -306,7 +334,7 @@ class ResultCollection:
                 continue
             value = entry.step_value(self._reduce_fn, sync, distributed)
             if value is not None:
-                out[f"{key}_step" if entry.on_epoch else key] = value
+                out[entry.step_key] = value
         return out
 
     def epoch_metrics(self, logger_only: bool = False, sync: bool = False) -> dict[str, Any]:
@@ -318,7 +346,7 @@ class ResultCollection:
                 continue
             value = entry.epoch_value(self._reduce_fn, sync, distributed)
             if value is not None:
-                out[f"{key}_epoch" if entry.on_step else key] = value
+                out[entry.epoch_key] = value
         return out
 
     def sync(self, epoch: bool) -> None:
@@ -329,15 +357,39 @@ class ResultCollection:
             self.epoch_metrics(sync=True)
 
     def callback_metrics(self, epoch_done: bool) -> dict[str, Any]:
-        """Every value under its plain name (epoch value once the epoch is done, else the latest step value)."""
+        """Every value under its plain name (epoch value once the epoch is done, else the latest step value).
+
+        In validation/test only epoch values count, once the epoch is done (as in Lightning: a value logged
+        ``on_step=True, on_epoch=False`` there goes to the loggers, not to what callbacks monitor)."""
+        if not self.training:
+            if not epoch_done:
+                return {}
+            out = self.epoch_metrics()
+            for entry in self.values.values():
+                if entry.on_step and entry.on_epoch and entry.epoch_key in out:
+                    out[entry.name] = out[entry.epoch_key]
+            return out
         out = self.step_metrics()
         epoch = self.epoch_metrics()
         out.update(epoch)
         for key, entry in self.values.items():
             if entry.on_step and entry.on_epoch:
-                plain = out.get(f"{key}_epoch") if epoch_done else out.get(f"{key}_step")
+                plain = out.get(entry.epoch_key) if epoch_done else out.get(entry.step_key)
                 if plain is not None:
                     out[key] = plain
+        return out
+
+    def eval_step_metrics(self, dataloader_idx: Optional[int]) -> dict[str, Any]:
+        """The values logged ``on_step=True`` (for the loggers) in the evaluation batch that just ran on
+        ``dataloader_idx``: Lightning sends them after every validation/test batch. ``sync_dist`` values are
+        reduced here, so every rank calls it."""
+        distributed = self._strategy.world_size > 1
+        out: dict[str, Any] = {}
+        for entry in self.values.values():
+            if entry.on_step and entry.logger and entry.last is not None and entry.dataloader_idx == dataloader_idx:
+                value = entry.step_value(self._reduce_fn, True, distributed)
+                if value is not None:
+                    out[entry.step_key] = value
         return out
 
     def prog_bar_metrics(self) -> dict[str, float]:
@@ -350,28 +402,28 @@ class ResultCollection:
             if entry.on_step and entry.last is not None:
                 value = entry.step_value(self._reduce_fn, False, distributed)
                 if value is not None:
-                    out[f"{key}_step" if entry.on_epoch else key] = float(value)
+                    out[entry.step_key] = float(value)
             if entry.on_epoch and (not entry.on_step or self.epoch_done):
                 value = entry.epoch_value(self._reduce_fn, False, distributed)
                 if value is not None:
-                    out[f"{key}_epoch" if entry.on_step else key] = float(value)
+                    out[entry.epoch_key] = float(value)
         return out
 
     def eval_results(self, num_dataloaders: int) -> list[dict[str, float]]:
-        """Epoch values per dataloader for validate()/test(): a value logged without a dataloader index
-        appears in every dict. Call after :meth:`sync` on every rank."""
+        """Epoch values per dataloader for validate()/test(): a value logged outside the batches (in
+        ``on_validation_epoch_end``, say) appears in every dict, one logged in a batch only in its loader's
+        (``add_dataloader_idx=False`` included). Call after :meth:`sync` on every rank."""
         distributed = self._strategy.world_size > 1
         per_loader: list[dict[str, float]] = [{} for _ in range(max(num_dataloaders, 1))]
-        for key, entry in self.values.items():
+        for entry in self.values.values():
             if not entry.on_epoch:
                 continue
             value = entry.epoch_value(self._reduce_fn, False, distributed)
             if value is None:
                 continue
-            name = f"{key}_epoch" if entry.on_step else key
             targets = per_loader if entry.dataloader_idx is None else [per_loader[entry.dataloader_idx]]
             for target in targets:
-                target[name] = float(value)
+                target[entry.epoch_key] = float(value)
         return per_loader
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any, Iterable, Optional, Union
 
 from trainer.module.hparams import AttributeDict, hyperparameters_of_call
@@ -119,3 +120,31 @@ class DataModule:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+    def __str__(self) -> str:
+        """One line per dataloader method with its dataset sizes, as Lightning prints a datamodule:
+        ``{Train dataloader: size=64}``, ``{Validation dataloader: 1. size=8 ; 2. size=8}``, ``None`` where there is
+        none (or building it failed)."""
+        lines = []
+        for title, method in (("Train dataloader", "train_dataloader"), ("Validation dataloader", "val_dataloader"),
+                              ("Test dataloader", "test_dataloader"), ("Predict dataloader", "predict_dataloader")):  # fmt: skip
+            try:
+                loaders = getattr(self, method)()
+            except Exception:  # a loader that cannot be built before setup() is reported as missing
+                loaders = None
+            if loaders is None:
+                text = "None"
+            elif isinstance(loaders, (list, tuple, dict)):
+                items = loaders.values() if isinstance(loaders, dict) else loaders
+                text = " ; ".join(f"{i}. size={_dataset_size(loader)}" for i, loader in enumerate(items, start=1))
+            else:
+                text = f"size={_dataset_size(loaders)}"
+            lines.append(f"{{{title}: {text}}}")
+        return os.linesep.join(lines)
+
+
+def _dataset_size(loader: Any) -> str:
+    try:
+        return str(len(loader.dataset))
+    except (AttributeError, TypeError):
+        return "NA"

@@ -1,6 +1,7 @@
 """Hyperparameter capture for ``save_hyperparameters`` and checkpoint-safe values."""
 from __future__ import annotations
 
+import argparse
 import inspect
 import warnings
 from types import FrameType
@@ -73,10 +74,13 @@ def plain_hparams(values: dict[str, Any], owner: str) -> dict[str, Any]:
 
 def hyperparameters_of_call(owner: Any, frame: FrameType, args: tuple, ignore: Optional[Union[str, Iterable[str]]]) -> dict:
     """What ``owner.save_hyperparameters(*args, ignore=...)`` records: the ``__init__`` arguments running in
-    ``frame`` (all, or those named in ``args``; or one mapping given as ``args[0]``), minus ``ignore``, kept plain."""
+    ``frame`` (all, or those named in ``args``; or one mapping or ``argparse.Namespace`` given as ``args[0]``), minus
+    ``ignore``, kept plain."""
     from trainer.strategies.errors import ConfigurationError
 
-    if len(args) == 1 and isinstance(args[0], Mapping):
+    if len(args) == 1 and isinstance(args[0], argparse.Namespace):  # argparse-era modules: hparams as a Namespace
+        values = vars(args[0]).copy()
+    elif len(args) == 1 and isinstance(args[0], Mapping):
         values = dict(args[0])
     else:
         init_args = collect_init_args(frame, type(owner))

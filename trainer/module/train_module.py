@@ -500,7 +500,22 @@ class TrainModule(nn.Module):
     def clip_gradients(
         self, optimizer: Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None
     ) -> None:
-        """Clip gradients of ``optimizer``'s parameters by norm (default) or value; unscales first under 16-mixed."""
+        """Clip gradients of ``optimizer``'s parameters by norm (default) or value; unscales first under 16-mixed.
+        Arguments that contradict the Trainer's ``gradient_clip_val``/``gradient_clip_algorithm`` are refused."""
+        trainer = self.trainer
+        configured_val = getattr(trainer, "gradient_clip_val", None)
+        if configured_val is not None and gradient_clip_val is not None and float(gradient_clip_val) != configured_val:
+            raise ConfigurationError(
+                f"clip_gradients(gradient_clip_val={gradient_clip_val}) contradicts Trainer(gradient_clip_val="
+                f"{configured_val}). Set the value in one place: drop one of them."
+            )
+        configured_algorithm = getattr(trainer, "gradient_clip_algorithm", "norm")
+        if (configured_val is not None and gradient_clip_algorithm is not None
+                and gradient_clip_algorithm != configured_algorithm):  # fmt: skip
+            raise ConfigurationError(
+                f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) contradicts Trainer("
+                f"gradient_clip_algorithm={configured_algorithm!r}). Set it in one place: drop one of them."
+            )
         if gradient_clip_val is None or gradient_clip_val == 0:
             return
         algorithm = gradient_clip_algorithm or "norm"

@@ -63,7 +63,8 @@ class SimpleProfiler(Profiler):
     the loops' own code, between the phases. On CUDA each boundary synchronises the device (``sync_cuda``), so GPU work is charged to the phase
     that launched it rather than to the next one that waits for it; this slows the run a little.
 
-    ``results`` maps each phase to ``(calls, total_seconds)`` after a stage (kept until the next one starts).
+    ``results`` maps each phase to ``(calls, total_seconds)`` after a stage (kept until the next one starts);
+    ``recorded_durations`` (Lightning's name) each phase to the seconds of every call, in order.
     """
 
     def __init__(self, sync_cuda: bool = True) -> None:
@@ -71,6 +72,7 @@ class SimpleProfiler(Profiler):
         self.results: dict[str, tuple[int, float]] = {}
         self._stack: list[list[Any]] = []  # [action, start, time spent in nested phases]
         self._totals: dict[str, list[float]] = {}
+        self.recorded_durations: dict[str, list[float]] = {}
         self._sync: Any = None
         self._stage = ""
 
@@ -80,6 +82,7 @@ class SimpleProfiler(Profiler):
         device = trainer.strategy.root_device
         self._sync = (lambda: torch.cuda.synchronize(device)) if self.sync_cuda and device.type == "cuda" else None
         self._stack, self._totals, self.results, self._stage = [], {}, {}, stage
+        self.recorded_durations = {}
 
     def start(self, action: str) -> None:
         if self._sync is not None:
@@ -99,6 +102,7 @@ class SimpleProfiler(Profiler):
         entry = self._totals.setdefault(action, [0, 0.0])
         entry[0] += 1
         entry[1] += elapsed - nested
+        self.recorded_durations.setdefault(action, []).append(elapsed - nested)
 
     def teardown(self, trainer: Any, stage: str) -> None:
         while self._stack:  # a failure left phases open

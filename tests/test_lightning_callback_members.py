@@ -1,0 +1,204 @@
+"""Callback members a Lightning project reads after the rename: ``LearningRateMonitor.lrs``, ``EarlyStoppingReason``,
+``SimpleProfiler.recorded_durations``, ``TQDMProgressBar(refresh_rate=...)``, ``BackboneFinetuning`` /
+``BaseFinetuning`` (resume included) and ``str(datamodule)``."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer import ConfigurationError, DataModule, Trainer, TrainModule
+from trainer.callbacks import (
+    BackboneFinetuning,
+    BaseFinetuning,
+    EarlyStopping,
+    EarlyStoppingReason,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    TQDMProgressBar,
+)
+from trainer.loggers import CSVLogger
+from trainer.profiler import SimpleProfiler
+
+
+def data(n: int = 16, seed: int = 0) -> DataLoader:
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(seed))
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+
+class LitModel(TrainModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU())
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+    def training_step(self, batch, batch_idx):
+        return F.mse_loss(self(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.mse_loss(self(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(filter(lambda p: p.requires_grad, self.parameters()), lr=0.1, momentum=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)}
+
+
+def trainer(tmp_path, **kwargs) -> Trainer:
+    options = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path)  # fmt: skip
+    options.update(kwargs)
+    return Trainer(**options)
+
+
+def test_learning_rate_monitor_keeps_lrs_and_the_last_momentum(tmp_path):
+    monitor = LearningRateMonitor(logging_interval="epoch", log_momentum=True)
+    trainer(tmp_path, logger=CSVLogger(tmp_path), max_epochs=3, callbacks=[monitor]).fit(LitModel(), data())
+    assert monitor.lrs == {"lr-SGD": [pytest.approx(0.1), pytest.approx(0.05), pytest.approx(0.025)]}
+    assert monitor.last_momentum_values == {"lr-SGD-momentum": pytest.approx(0.9)}
+    with pytest.raises(ConfigurationError, match="has none"):
+        trainer(tmp_path, max_epochs=1, callbacks=[LearningRateMonitor()]).fit(LitModel(), data())
+
+
+def test_learning_rate_monitor_names_groups_and_schedulers_and_refuses_duplicate_group_names(tmp_path):
+    class Named(LitModel):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD([{"params": self.backbone.parameters(), "name": "backbone"},
+                                         {"params": self.head.parameters(), "name": "head"}], lr=0.1)  # fmt: skip
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "name": "my-lr"}}
+
+    monitor = LearningRateMonitor()
+    trainer(tmp_path, logger=CSVLogger(tmp_path), max_epochs=1, callbacks=[monitor]).fit(Named(), data())
+    assert set(monitor.lrs) == {"my-lr/backbone", "my-lr/head"}
+
+    class Clashing(LitModel):
+        def configure_optimizers(self):
+            return torch.optim.SGD([{"params": self.backbone.parameters(), "name": "x"},
+                                    {"params": self.head.parameters(), "name": "x"}], lr=0.1)  # fmt: skip
+
+    with pytest.raises(ConfigurationError, match="share the names"):
+        trainer(tmp_path, logger=CSVLogger(tmp_path), max_epochs=1,
+                callbacks=[LearningRateMonitor()]).fit(Clashing(), data())  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        (dict(patience=0, min_delta=1e9), EarlyStoppingReason.PATIENCE_EXHAUSTED),  # never improves enough
+        (dict(stopping_threshold=1e6), EarlyStoppingReason.STOPPING_THRESHOLD),
+        (dict(divergence_threshold=-1.0), EarlyStoppingReason.DIVERGENCE_THRESHOLD),
+    ],
+)
+def test_early_stopping_reason_is_lightnings_enum_with_our_message_beside_it(tmp_path, options, reason):
+    stopping = EarlyStopping(monitor="val_loss", **options)
+    assert stopping.stopping_reason is EarlyStoppingReason.NOT_STOPPED
+    trainer(tmp_path, max_epochs=5, callbacks=[stopping]).fit(LitModel(), data(), data(8, seed=1))
+    assert stopping.stopping_reason is reason
+    assert isinstance(stopping.stopping_reason_message, str) and "Stopping" in stopping.stopping_reason_message
+    restored = EarlyStopping(monitor="val_loss")
+    restored.load_state_dict(stopping.state_dict())
+    assert restored.stopping_reason is reason
+
+
+def test_simple_profiler_records_every_call_duration(tmp_path):
+    profiler = SimpleProfiler()
+    trainer(tmp_path, max_steps=3, profiler=profiler).fit(LitModel(), data())
+    steps = [name for name in profiler.recorded_durations if "training_step" in name]
+    assert steps and len(profiler.recorded_durations[steps[0]]) == 3
+    assert all(d >= 0 for durations in profiler.recorded_durations.values() for d in durations)
+
+
+def test_tqdm_progress_bar_takes_lightnings_arguments(tmp_path):
+    bar = TQDMProgressBar(refresh_rate=0)
+    run = trainer(tmp_path, max_epochs=1, enable_progress_bar=True, callbacks=[bar])
+    assert [cb for cb in run.callbacks if isinstance(cb, TQDMProgressBar)] == [bar]
+    run.fit(LitModel(), data())
+    assert not bar.is_enabled and bar._display is None  # never drew
+    assert TQDMProgressBar(refresh_rate=20).refresh_rate == 20
+    with pytest.raises(ConfigurationError, match="refresh_rate"):
+        TQDMProgressBar(refresh_rate=-1)
+
+
+def test_backbone_finetuning_unfreezes_at_its_epoch_and_resumes_with_the_added_group(tmp_path):
+    model = LitModel()
+    finetuning = BackboneFinetuning(unfreeze_backbone_at_epoch=1, backbone_initial_lr=0.01)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, filename="{epoch}")
+    run = trainer(tmp_path, max_epochs=3, callbacks=[finetuning, checkpoint], enable_checkpointing=True)
+    frozen = model.backbone[0].weight.clone()
+    run.fit(model, data())
+    assert len(run.optimizers[0].param_groups) == 2
+    # epoch 2 raised it to 1.5 x 0.01; StepLR then halves every group, the added one too (as in Lightning)
+    assert run.optimizers[0].param_groups[1]["lr"] == pytest.approx(0.01 * 1.5 * 0.5)
+    assert not torch.equal(model.backbone[0].weight, frozen)  # trained once unfrozen
+
+    first_epoch = LitModel()
+    trainer(tmp_path / "b", max_epochs=1, callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=1)]).fit(
+        first_epoch, data())
+    assert not first_epoch.backbone[0].weight.requires_grad  # frozen before the unfreeze epoch
+    assert first_epoch.backbone[1].weight.requires_grad  # BatchNorm trains (train_bn=True)
+
+    resumed, again = LitModel(), BackboneFinetuning(unfreeze_backbone_at_epoch=1, backbone_initial_lr=0.01)
+    rerun = trainer(tmp_path / "c", max_epochs=3, callbacks=[again])
+    rerun.fit(resumed, data(), ckpt_path=tmp_path / "ckpt" / "epoch=1.ckpt")  # saved after the group was added
+    assert len(rerun.optimizers[0].param_groups) == 2
+    assert again.previous_backbone_lr == pytest.approx(0.01 * 1.5)
+    for key, value in model.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
+
+
+def test_base_finetuning_must_be_implemented_and_backbone_must_exist(tmp_path):
+    class NoBackbone(LitModel):
+        def __init__(self):
+            super().__init__()
+            del self.backbone
+            self.body = nn.Linear(3, 8)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    with pytest.raises(ConfigurationError, match="self.backbone"):
+        trainer(tmp_path, max_epochs=1, callbacks=[BackboneFinetuning()]).fit(NoBackbone(), data())
+    with pytest.raises(NotImplementedError, match="freeze_before_training"):
+        trainer(tmp_path, max_epochs=1, callbacks=[BaseFinetuning()]).fit(LitModel(), data())
+
+
+def test_str_of_a_datamodule_lists_its_loaders():
+    class Data(DataModule):
+        def train_dataloader(self):
+            return data(16)
+
+        def val_dataloader(self):
+            return [data(8), data(4)]
+
+        def test_dataloader(self):
+            raise RuntimeError("not set up yet")
+
+    lines = str(Data()).splitlines()
+    assert lines == ["{Train dataloader: size=16}", "{Validation dataloader: 1. size=8 ; 2. size=4}",
+                     "{Test dataloader: None}", "{Predict dataloader: None}"]  # fmt: skip
+
+
+def test_rich_progress_bar_takes_lightnings_refresh_rate(tmp_path):
+    from trainer.callbacks import RichProgressBar
+
+    hidden = RichProgressBar(refresh_rate=0, leave=True)
+    trainer(tmp_path, max_epochs=1, enable_progress_bar=True, callbacks=[hidden]).fit(LitModel(), data())
+    assert hidden._display is None and hidden.leave
+
+
+def test_lightnings_other_callback_arguments_are_taken(tmp_path):
+    from trainer.callbacks import BatchSizeFinder, LearningRateFinder
+
+    monitor = LearningRateMonitor(log_key_prefix="optim/")
+    trainer(tmp_path, logger=CSVLogger(tmp_path), max_epochs=1, callbacks=[monitor]).fit(LitModel(), data())
+    assert list(monitor.lrs) == ["optim/lr-SGD"]
+    assert EarlyStopping(monitor="val_loss", log_rank_zero_only=True).log_rank_zero_only
+    assert LearningRateFinder(weights_only=True).weights_only
+    assert BatchSizeFinder(mode="binsearch", margin=0.05, max_memory_mb=1).margin == 0.05
+    with pytest.raises(ConfigurationError, match="margin"):
+        BatchSizeFinder(margin=1.5)

@@ -48,6 +48,25 @@ def test_a_users_own_callbacks_loggers_and_strategies_files_do_not_break_a_fit(t
     assert "steps 2" in result.stdout
 
 
+def test_config_class_paths_find_a_users_own_module_first_and_our_old_short_names_too(tmp_path):
+    (tmp_path / "callbacks.py").write_text("from trainer.callbacks import Callback\nclass Mine(Callback):\n    pass\n")
+    (tmp_path / "exp.yaml").write_text(
+        "trainer:\n  callbacks:\n    - class_path: callbacks.Mine\n"
+        "    - class_path: callbacks.EarlyStopping\n      init_args: {monitor: val_loss}\n"
+        "    - class_path: trainer.callbacks.Timer\n"
+    )
+    code = (
+        "from trainer import Trainer\n"
+        "t = Trainer.from_config('exp.yaml', logger=False, enable_progress_bar=False)\n"
+        "print(sorted(type(cb).__module__ + '.' + type(cb).__name__ for cb in t.callbacks))\n"
+    )
+    result = _run(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "'callbacks.Mine'" in result.stdout  # the user's own module, as written
+    assert "'trainer.callbacks.early_stopping.EarlyStopping'" in result.stdout  # the old short name, read as ours
+    assert "'trainer.callbacks.timer.Timer'" in result.stdout
+
+
 def test_the_short_names_in_a_checkout_are_the_same_modules_not_copies():
     code = (
         "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"

@@ -39,7 +39,7 @@ def write_config(tmp_path: Path, capsys) -> Path:
     config["seed_everything"] = 7
     config["trainer"].update(accelerator="cpu", max_epochs=3, default_root_dir=str(tmp_path / "runs"),
                              enable_progress_bar=False, enable_model_summary=False, callbacks=[
-                                 {"class_path": "callbacks.ModelCheckpoint",
+                                 {"class_path": "trainer.callbacks.ModelCheckpoint",
                                   "init_args": {"monitor": "val_loss", "save_top_k": 1, "save_last": True}}])  # fmt: skip
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -102,7 +102,7 @@ def test_mistakes_are_errors_naming_the_key(capsys, tmp_path):
 
 def test_the_script_runs_from_the_command_line_and_refuses_to_overwrite_a_saved_config(tmp_path):
     args = [sys.executable, str(SCRIPT), "fit", "--trainer.accelerator=cpu", "--trainer.max_steps=2",
-            "--trainer.enable_progress_bar=false", "--trainer.logger={class_path: loggers.CSVLogger, "
+            "--trainer.enable_progress_bar=false", "--trainer.logger={class_path: trainer.loggers.CSVLogger, "
             f"init_args: {{save_dir: {tmp_path}, version: 0}}}}"]  # fmt: skip
     first = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]

@@ -44,7 +44,7 @@ def test_class_path_entries_are_built(tmp_path):
     cfg = write(tmp_path / "exp.yaml", """
 trainer:
   callbacks:
-    - class_path: callbacks.Callback
+    - class_path: trainer.callbacks.Callback
 """)
     from trainer.callbacks import Callback
 

@@ -98,15 +98,15 @@ def _defaults(cls: type, where: str, skip: frozenset = frozenset()) -> dict[str,
 
 
 def _import_class(path: str, where: str, default_package: Optional[str] = None) -> type:
-    import importlib
+    from trainer.config.class_path import import_class_path
 
     module_name, _, name = str(path).rpartition(".")
-    candidates = [(module_name, name)] if module_name else []
+    candidates = [str(path)] if module_name else []
     if default_package is not None:
-        candidates.append((default_package, str(path).rpartition(".")[2]))
-    for module, attribute in candidates:
+        candidates.append(f"{default_package}.{name}")
+    for candidate in candidates:
         try:
-            return getattr(importlib.import_module(module), attribute)
+            return import_class_path(candidate)
         except (ImportError, AttributeError, ValueError):
             continue
     raise CLIError(f"{where}: class_path '{path}' cannot be imported. Use 'package.module.ClassName'.")

@@ -12,7 +12,7 @@ trainer:                # Trainer(...) arguments; Trainer.from_config("cfg.yaml"
   precision: bf16-mixed
   max_epochs: 10
   callbacks:
-    - class_path: callbacks.EarlyStopping
+    - class_path: trainer.callbacks.EarlyStopping
       init_args: {monitor: val_loss}
 model: {}               # free-form sections for the user's script (ExperimentConfig.model/.data)
 data: {}
@@ -28,7 +28,6 @@ the script win, with a warning when they differ); ``Trainer.from_config()`` uses
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any, Mapping, Optional, Union
 from trainer.strategies.errors import ConfigurationError
 from trainer.config.accelerate_config import is_accelerate_config, translate_accelerate_config
 from trainer.config.launch_env import ENV_ARGS, ENV_CONFIG, decorated_inits, decorated_parameters, resolved_arguments
+from trainer.config.class_path import import_class_path
 from trainer.config.value_types import describe, did_you_mean, fits
 
 SECTIONS = ("trainer", "model", "data")
@@ -338,9 +338,8 @@ def instantiate(value: Any) -> Any:
         return value
     check_keys(value, ("class_path", "init_args"), f"class_path entry {dict(value)!r}")
     path = value["class_path"]
-    module_name, _, cls_name = str(path).rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module_name), cls_name)
+        cls = import_class_path(path)
     except (ImportError, AttributeError, ValueError) as err:
         raise ConfigurationError(f"class_path '{path}' cannot be imported ({err}). Use 'package.module.ClassName'.") from None
     init_args = value.get("init_args") or {}

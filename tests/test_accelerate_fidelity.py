@@ -37,3 +37,23 @@ def test_a_save_at_an_epochs_end_resumes_with_the_next_epoch_exactly(tmp_path, p
             assert per_epoch == 6 // processes
             assert resumed["seen"] == uninterrupted["seen"][per_epoch:], f"rank {rank}, saved at {where}"
             assert torch.equal(resumed["weight"], uninterrupted["weight"]), f"rank {rank}, saved at {where}"
+
+
+def test_fp16_on_cpu_trains_in_float16_where_accelerate_silently_uses_float32():
+    """Accelerate 1.x turns ``mixed_precision="fp16"`` on a CPU into plain float32 (no autocast, no scaler) while
+    ``accelerator.mixed_precision`` still says "fp16"; here the forward runs under CPU float16 autocast with a
+    gradient scaler, as asked (docs/migrating_from_accelerate.md says how to get Accelerate's float32)."""
+    from trainer.accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+    assert accelerator.mixed_precision == "fp16"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    inner = []
+    model[0].register_forward_hook(lambda module, args, output: inner.append(output.dtype))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    assert inner == [torch.float16] and loss.dtype == torch.float32  # autocast inside, float32 outputs
+    accelerator.backward(loss)
+    optimizer.step()
+    assert all(p.dtype == torch.float32 for p in model.parameters())

@@ -19,7 +19,7 @@ from torch.utils.data import DistributedSampler
 
 from trainer.data.loaders import loader_length
 from trainer.strategies.errors import ConfigurationError
-from trainer.checkpoint.data_position import TrainDataPosition
+from trainer.checkpoint.data_position import TrainDataPosition, loader_generators
 from trainer.reproducibility.seed import restore_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -290,7 +290,7 @@ class EngineDataLoader:
         if resume is not None and resume["epoch"] == self.epoch and not resume["batch_in_epoch"]:
             # Saved between epochs: the loader's generators continue where the finished epochs left them (a
             # shuffled sampler's generator has drawn their orders), not where prepare() seeded them.
-            for generator, state in zip(_loader_generators(self.loader), resume.get("generators", ())):
+            for generator, state in zip(loader_generators(self.loader), resume.get("generators", ())):
                 generator.set_state(state)
         if self._shared_generator is not None:
             self._shared_generator.set_state(self._strategy.broadcast(self._shared_generator.get_state(), 0))
@@ -339,7 +339,7 @@ class EngineDataLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: epoch, batches yielded in it, and the random state its order came from."""
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "position": self._position.state_dict(),
-                "generators": [generator.get_state() for generator in _loader_generators(self.loader)]}
+                "generators": [generator.get_state() for generator in loader_generators(self.loader)]}
 
     def load_state_dict(self, state: dict[str, Any], rng: dict[str, Any]) -> None:
         """Continue at ``state`` on the next ``iter()``; ``rng`` is put back once the position is reached."""
@@ -354,17 +354,6 @@ class EngineDataLoader:
 
     def __repr__(self) -> str:
         return f"EngineDataLoader({self.loader!r}, epoch={self.epoch}, batch_in_epoch={self.batch_in_epoch})"
-
-
-def _loader_generators(loader: Any) -> list[torch.Generator]:
-    """The ``torch.Generator`` objects a DataLoader, its sampler or batch sampler hold (each once)."""
-    found: dict[int, torch.Generator] = {}
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    for obj in (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
-        generator = getattr(obj, "generator", None)
-        if isinstance(generator, torch.Generator):
-            found.setdefault(id(generator), generator)
-    return list(found.values())
 
 
 class _Skipped:

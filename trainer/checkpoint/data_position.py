@@ -51,7 +51,8 @@ def _replicas(loader: Any) -> int:
     return 1
 
 
-def _generators(loader: Any) -> list[torch.Generator]:
+def loader_generators(loader: Any) -> list[torch.Generator]:
+    """The ``torch.Generator`` objects a DataLoader, its sampler or batch sampler hold (each once)."""
     found: dict[int, torch.Generator] = {}
     batch_sampler = getattr(loader, "batch_sampler", None)
     for obj in (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
@@ -210,12 +211,12 @@ class TrainDataPosition:
     def _index_sampler(self, loader: DataLoader, attribute: str) -> _IndexSampler:
         if self._loader is not loader or self._sampler is None:
             self._loader = loader
-            self._sampler = _IndexSampler(getattr(loader, attribute), _generators(loader))
+            self._sampler = _IndexSampler(getattr(loader, attribute), loader_generators(loader))
         return self._sampler
 
     def _replayed(self, loader: Any, skip: int, start: Optional[dict[str, Any]]) -> Iterator[Any]:
         self._sampler = None
-        generators = _generators(loader)
+        generators = loader_generators(loader)
         if skip and start is not None:
             _restore(start, generators)
         self._replay_state = _capture(generators)

@@ -19,7 +19,7 @@ from torch.utils.data import DistributedSampler
 
 from trainer.data.loaders import loader_length
 from trainer.strategies.errors import ConfigurationError
-from trainer.checkpoint.data_position import TrainDataPosition
+from trainer.checkpoint.data_position import TrainDataPosition, loader_generators
 from trainer.reproducibility.seed import restore_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -278,9 +278,22 @@ class EngineDataLoader:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[Any]:
+        resume, self._resume = self._resume, None
+        if resume is not None and resume["epoch"] == self.epoch and resume["batch_in_epoch"] >= loader_length(self.loader):
+            # Saved at the epoch's last batch, before the loop left it: finish that epoch's index draws (no batch is
+            # loaded) and start the next one, as the uninterrupted run's next pass does.
+            for _ in self._position.iterator(self.loader, self.epoch, resume["batch_in_epoch"], resume["position"]):
+                pass
+            restore_rng_state(resume["rng"])
+            self.epoch += 1
+            resume = None
+        if resume is not None and resume["epoch"] == self.epoch and not resume["batch_in_epoch"]:
+            # Saved between epochs: the loader's generators continue where the finished epochs left them (a
+            # shuffled sampler's generator has drawn their orders), not where prepare() seeded them.
+            for generator, state in zip(loader_generators(self.loader), resume.get("generators", ())):
+                generator.set_state(state)
         if self._shared_generator is not None:
             self._shared_generator.set_state(self._strategy.broadcast(self._shared_generator.get_state(), 0))
-        resume, self._resume = self._resume, None
         if resume is not None and resume["epoch"] == self.epoch and resume["batch_in_epoch"]:
             skip = resume["batch_in_epoch"]
             iterator = self._position.iterator(self.loader, self.epoch, skip, resume["position"])
@@ -325,7 +338,8 @@ class EngineDataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: epoch, batches yielded in it, and the random state its order came from."""
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "position": self._position.state_dict()}
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "position": self._position.state_dict(),
+                "generators": [generator.get_state() for generator in loader_generators(self.loader)]}
 
     def load_state_dict(self, state: dict[str, Any], rng: dict[str, Any]) -> None:
         """Continue at ``state`` on the next ``iter()``; ``rng`` is put back once the position is reached."""

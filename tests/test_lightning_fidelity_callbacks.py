@@ -1,0 +1,105 @@
+"""Lightning 2.6's observable callback and tuner behaviour, written as a Lightning user writes them (second
+measurement of Lightning's own public-API tests): the Timer with a spent budget, the batch-size search on a CPU
+without a memory budget, the hyperparameters it updates, and the module paths a ported import names."""
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from trainer import DataModule, Trainer, TrainModule
+from trainer.callbacks import Timer
+from trainer.tuner import Tuner
+from ui_fixtures import blobs
+
+
+class Net(TrainModule):
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.layer = nn.Linear(8, 2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.layer(x), y)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(blobs(64), batch_size=self.batch_size)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def quiet(tmp_path: Any, **kwargs: Any) -> Trainer:
+    kwargs.setdefault("max_epochs", 1)
+    return Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                   enable_checkpointing=False, **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_a_timer_with_no_time_left_stops_before_the_first_step(tmp_path, interval):
+    trainer = quiet(tmp_path, max_epochs=3, callbacks=[Timer(duration=timedelta(0), interval=interval)])
+    trainer.fit(Net())
+    assert (trainer.global_step, trainer.current_epoch) == (0, 0)
+
+
+def test_a_spent_timer_still_trains_min_steps(tmp_path):
+    timer = Timer(duration=timedelta(0))
+    trainer = quiet(tmp_path, max_epochs=3, min_steps=3, callbacks=[timer])
+    trainer.fit(Net())
+    assert trainer.global_step >= 3 and timer.time_elapsed() > 0
+
+
+def test_scale_batch_size_on_cpu_without_a_budget_doubles_up_to_the_dataset(tmp_path):
+    model = Net()
+    size = Tuner(quiet(tmp_path)).scale_batch_size(model, mode="power", steps_per_trial=1, max_trials=4)
+    assert size == model.batch_size == 16  # 2, 4, 8, 16: four trials, none can run out of memory here
+    assert Tuner(quiet(tmp_path)).scale_batch_size(Net(), mode="power", steps_per_trial=1) == 64  # the dataset
+
+
+def test_scale_batch_size_sets_a_datamodules_hyperparameter(tmp_path):
+    class Data(DataModule):
+        def __init__(self, batch_size: int = 2) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(blobs(64), batch_size=self.hparams.batch_size)
+
+    data = Data()
+    Tuner(quiet(tmp_path)).scale_batch_size(Net(), datamodule=data, mode="power", steps_per_trial=1, max_trials=3)
+    assert data.hparams.batch_size == 8
+
+
+def test_scale_batch_size_warns_when_the_size_is_both_an_attribute_and_a_hyperparameter(tmp_path):
+    class Both(Net):
+        def __init__(self, batch_size: int = 2) -> None:
+            super().__init__(batch_size)
+            self.save_hyperparameters()
+
+    with pytest.warns(UserWarning, match="are mutually exclusive"):
+        Tuner(quiet(tmp_path)).scale_batch_size(Both(), mode="power", steps_per_trial=1, max_trials=2)
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [("trainer.core.module", "TrainModule"), ("trainer.core.module", "LightningModule"),
+     ("trainer.core.datamodule", "DataModule"), ("trainer.core.datamodule", "LightningDataModule"),
+     ("trainer.core", "TrainModule"), ("trainer.core", "DataModule"),
+     ("trainer.loggers.tensorboard", "TensorBoardLogger"), ("trainer.loggers.csv_logs", "CSVLogger")],
+)  # fmt: skip
+def test_lightnings_module_paths_after_the_rename_import(path, name):
+    # `from lightning.pytorch.core.module import LightningModule` becomes, after the documented rename,
+    # `from trainer.core.module import TrainModule`: both spellings import, and are our classes.
+    import trainer
+    from trainer.loggers import CSVLogger, TensorBoardLogger
+
+    ours = {"TrainModule": trainer.TrainModule, "LightningModule": trainer.TrainModule,
+            "DataModule": trainer.DataModule, "LightningDataModule": trainer.DataModule,
+            "TensorBoardLogger": TensorBoardLogger, "CSVLogger": CSVLogger}  # fmt: skip
+    assert getattr(importlib.import_module(path), name) is ours[name]

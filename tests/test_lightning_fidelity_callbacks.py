@@ -103,3 +103,38 @@ def test_lightnings_module_paths_after_the_rename_import(path, name):
             "DataModule": trainer.DataModule, "LightningDataModule": trainer.DataModule,
             "TensorBoardLogger": TensorBoardLogger, "CSVLogger": CSVLogger}  # fmt: skip
     assert getattr(importlib.import_module(path), name) is ours[name]
+
+
+def test_simple_profiler_writes_each_stages_summary_to_its_file(tmp_path):
+    from trainer.profiler import SimpleProfiler
+
+    profiler = SimpleProfiler(filename="perf")  # dirpath: the Trainer's log_dir, as in Lightning
+    trainer = Trainer(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=2, profiler=profiler, logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    trainer.fit(Net())
+    assert profiler.dirpath == trainer.log_dir == str(tmp_path)
+    assert "training_step" in (tmp_path / "fit-perf.txt").read_text()
+
+    short = SimpleProfiler(dirpath=tmp_path / "new", filename="perf", extended=False)
+    quiet(tmp_path, limit_train_batches=2, profiler=short).fit(Net())
+    text = (tmp_path / "new" / "fit-perf.txt").read_text()
+    assert "mean" in text and "percent" not in text and "calls" not in text
+
+
+def test_simple_profiler_refuses_unbalanced_actions_with_a_value_error():
+    from trainer.profiler import SimpleProfiler
+
+    profiler = SimpleProfiler()
+    with pytest.raises(ValueError, match="never started"):
+        profiler.stop("load")
+    profiler.start("load")
+    with pytest.raises(ValueError, match="already started"):
+        profiler.start("load")
+    profiler.stop("load")
+    assert len(profiler.recorded_durations["load"]) == 1
+
+
+def test_profiler_names_are_case_insensitive(tmp_path):
+    from trainer.profiler import SimpleProfiler
+
+    assert isinstance(Trainer(default_root_dir=tmp_path, profiler="Simple").profiler, SimpleProfiler)

@@ -35,7 +35,14 @@ class MetricsConnector:
         """Everything logged so far, refreshed from the running stage."""
         trainer = self.trainer
         results = trainer._results
-        if results is not None and not trainer.sanity_checking and results.values:
+        if results is None or trainer.sanity_checking:
+            return self.callback_metrics
+        train = self.train
+        if results is not train and train.values and trainer.state_stage == "fit":
+            # Validation inside fit: the training step's latest values stay visible, as in Lightning (a
+            # ModelCheckpoint monitoring a training value at a mid-epoch validation finds it).
+            self.callback_metrics.update(train.callback_metrics(train.epoch_done))
+        if results.values:
             self.callback_metrics.update(results.callback_metrics(results.epoch_done))
         return self.callback_metrics
 

@@ -1,0 +1,57 @@
+"""Lightning 2.6's observable logging behaviour, written as a Lightning user writes a module or callback (second
+measurement of Lightning's own public-API tests)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from trainer import Trainer, TrainModule
+from trainer.callbacks import ModelCheckpoint
+from ui_fixtures import blobs
+
+
+class Net(TrainModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.layer(x), y)
+        self.log("my_loss", loss)  # on_step only: the default in training_step
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self.layer(x), y))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(blobs(64), batch_size=4)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(blobs(16), batch_size=4)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_training_step_value_is_monitorable_at_a_mid_epoch_validation(tmp_path):
+    # val_check_interval=0.25 validates after 4 of 16 batches, before the first logging interval (50 steps):
+    # the training step's latest value is in callback_metrics, so the checkpoint finds its monitor.
+    seen = []
+
+    class Watch(ModelCheckpoint):
+        def on_validation_end(self, trainer: Any, module: Any) -> None:
+            if not trainer.sanity_checking:
+                seen.append(float(trainer.callback_metrics["my_loss"]))
+            super().on_validation_end(trainer, module)
+
+    checkpoint = Watch(dirpath=tmp_path, monitor="my_loss", save_top_k=2)
+    trainer = Trainer(default_root_dir=tmp_path, max_epochs=1, val_check_interval=0.25, callbacks=[checkpoint],
+                      logger=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(Net())
+    assert len(seen) == 4 and len(list(tmp_path.glob("*.ckpt"))) == 2
+    assert checkpoint.best_model_score is not None

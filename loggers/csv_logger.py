@@ -48,9 +48,9 @@ class CSVLogger(FolderLogger):
             self.save()
 
     @rank_zero_only
-    def log_hyperparams(self, params: dict[str, Any], metrics: Optional[dict[str, float]] = None) -> None:
+    def log_hyperparams(self, params: Optional[dict[str, Any]] = None, metrics: Optional[dict[str, float]] = None) -> None:
         """Write ``hparams.yaml`` (and ``metrics`` as a row at step 0)."""
-        self._hparams.update(params)
+        self._hparams.update(params or {})
         save_hparams_yaml(os.path.join(self._folder.create(), "hparams.yaml"), self._hparams)
         if metrics:
             self.log_metrics(metrics, 0)

@@ -138,3 +138,23 @@ def test_profiler_names_are_case_insensitive(tmp_path):
     from trainer.profiler import SimpleProfiler
 
     assert isinstance(Trainer(default_root_dir=tmp_path, profiler="Simple").profiler, SimpleProfiler)
+
+
+def test_a_profiler_used_on_its_own_describes_what_it_recorded(tmp_path, capsys):
+    from trainer.profiler import SimpleProfiler
+
+    profiler = SimpleProfiler(dirpath=tmp_path, filename="alone")
+    with profiler.profile("load"):
+        pass
+    profiler.describe()
+    assert "load" in capsys.readouterr().out and "load" in (tmp_path / "alone.txt").read_text()
+
+
+def test_lr_find_takes_weights_only(tmp_path):
+    class WithLr(Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lr = 0.1
+
+    result = Tuner(quiet(tmp_path)).lr_find(WithLr(), num_training=5, weights_only=True)
+    assert result is not None and len(result.results["lr"]) > 0

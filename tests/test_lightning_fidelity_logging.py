@@ -55,3 +55,37 @@ def test_a_training_step_value_is_monitorable_at_a_mid_epoch_validation(tmp_path
     trainer.fit(Net())
     assert len(seen) == 4 and len(list(tmp_path.glob("*.ckpt"))) == 2
     assert checkpoint.best_model_score is not None
+
+
+def test_hyperparameters_saved_with_logger_false_are_not_sent_to_the_logger(tmp_path):
+    from trainer.loggers import CSVLogger
+
+    sent = []
+
+    class Recording(CSVLogger):
+        def log_hyperparams(self, params: Any = None, metrics: Any = None) -> None:
+            sent.append(dict(params or {}))
+
+    class Quiet(Net):
+        def __init__(self, width: int = 3) -> None:
+            super().__init__()
+            self.save_hyperparameters(logger=False)
+
+    trainer = Trainer(default_root_dir=tmp_path, max_steps=1, limit_val_batches=0, logger=Recording(tmp_path),
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    module = Quiet()
+    trainer.fit(module)
+    assert sent == [] and module.hparams.width == 3  # still in hparams (and checkpoints)
+
+
+def test_logger_root_dir_and_log_hyperparams_without_arguments(tmp_path):
+    from trainer.loggers import CSVLogger, TensorBoardLogger
+    from trainer.loggers.logger import DummyLogger
+
+    for name in ("", None):
+        csv = CSVLogger(save_dir=tmp_path / "csv", name=name)
+        csv.log_hyperparams()
+        assert csv.root_dir == str(tmp_path / "csv") and (tmp_path / "csv" / "version_0").is_dir()
+    assert TensorBoardLogger(save_dir=tmp_path, name="exp").root_dir == str(tmp_path / "exp")
+    DummyLogger().log_hyperparams("1", 2, three="three")  # the fast_dev_run logger takes anything
+    DummyLogger().log_metrics("1", 2, three="three")

@@ -126,12 +126,16 @@ class MetricsConnector:
 
     @rank_zero_only
     def log_hyperparams(self, model: Any, datamodule: Any) -> None:
-        """Send the module's (and datamodule's) hyperparameters, and the graph where asked for."""
-        params = dict(model.hparams)
-        if datamodule is not None and hasattr(datamodule, "hparams"):
-            params.update(dict(datamodule.hparams))
+        """Send the module's (and datamodule's) hyperparameters, and the graph where asked for. Those saved with
+        ``save_hyperparameters(logger=False)`` stay out; when neither sends any, ``log_hyperparams`` is not called."""
+        sources = [model] + ([datamodule] if datamodule is not None and hasattr(datamodule, "hparams") else [])
+        sources = [source for source in sources if getattr(source, "_log_hyperparams", True)]
+        params = {}
+        for source in sources:
+            params.update(dict(source.hparams))
         for logger in self.trainer.loggers:
-            logger.log_hyperparams(params)
+            if sources:
+                logger.log_hyperparams(params)
             logger.log_graph(model)  # a no-op unless the logger was asked to, e.g. TensorBoardLogger(log_graph=True)
 
     def finalize(self, status: str) -> None:

@@ -130,11 +130,21 @@ class SimpleProfiler(Profiler):
             self.stop(self._stack[-1][0])
         self.results = {name: (int(calls), total) for name, (calls, total) in self._totals.items()}
         self._sync = None  # keeps the profiler picklable (ddp_spawn sends the Trainer to each stage's processes)
-        if self.filename:
+        if self.filename and self.dirpath is not None:
             folder = Path(self.dirpath)
             folder.mkdir(parents=True, exist_ok=True)
             suffix = "" if self._rank is None else f"-{self._rank}"
-            (folder / f"{stage}-{self.filename}{suffix}.txt").write_text(self.summary() + "\n", encoding="utf-8")
+            name = f"{stage}-{self.filename}" if trainer is not None else self.filename
+            (folder / f"{name}{suffix}.txt").write_text(self.summary() + "\n", encoding="utf-8")
+
+    def describe(self) -> None:
+        """Print the report of what was recorded so far (and write it to ``<dirpath>/<filename>.txt`` when given),
+        for a profiler used on its own, outside a Trainer (Lightning's ``describe``)."""
+        if self._stack or self._totals:
+            self.teardown(None, self._stage or "profile")
+        summary = self.summary()
+        if summary:
+            print(summary)
 
     def total_time(self) -> float:
         """Seconds of the stage's loop: the sum of every row."""

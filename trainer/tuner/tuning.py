@@ -38,6 +38,7 @@ class Tuner:
         early_stop_threshold: Optional[float] = 4.0,
         update_attr: bool = True,
         attr_name: str = "",
+        weights_only: Optional[bool] = None,
     ) -> Optional[LRFinderResult]:
         """The learning-rate range test: ``num_training`` steps from ``min_lr`` to ``max_lr``; every effect on the
         model and optimizer is undone. Returns the curve, with ``suggestion()`` and ``plot()``."""
@@ -50,7 +51,7 @@ class Tuner:
             attr_name = _lr_attribute(model, attr_name)
         finder = LearningRateFinder(min_lr=min_lr, max_lr=max_lr, num_training_steps=num_training, mode=mode,
                                     early_stop_threshold=early_stop_threshold, update_attr=update_attr,
-                                    attr_name=attr_name)  # fmt: skip
+                                    attr_name=attr_name, weights_only=weights_only)  # fmt: skip
         self._run(finder, model, train_dataloaders, val_dataloaders, datamodule)
         return finder.optimal_lr
 

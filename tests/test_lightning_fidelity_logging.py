@@ -89,3 +89,37 @@ def test_logger_root_dir_and_log_hyperparams_without_arguments(tmp_path):
     assert TensorBoardLogger(save_dir=tmp_path, name="exp").root_dir == str(tmp_path / "exp")
     DummyLogger().log_hyperparams("1", 2, three="three")  # the fast_dev_run logger takes anything
     DummyLogger().log_metrics("1", 2, three="three")
+
+
+def test_csv_loggers_experiment_is_lightnings_writer(tmp_path):
+    from trainer.loggers.csv_logs import CSVLogger, ExperimentWriter
+
+    logger = CSVLogger(tmp_path, flush_logs_every_n_steps=2)
+    logger.log_metrics({"a": 1.0}, step=0)
+    writer = logger.experiment
+    assert isinstance(writer, ExperimentWriter) and writer.metrics == [{"step": 0, "a": 1.0}]
+    logger.log_metrics({"a": 2.0}, step=1)  # the second row flushes: nothing left buffered
+    assert not logger.experiment.metrics
+    writer.log_metrics({"b": 3.0})
+    writer.save()
+    with open(writer.metrics_file_path) as fh:
+        assert fh.readline().strip().split(",") == ["step", "a", "b"]
+    assert writer.metrics_file_path == str(tmp_path / "logs" / "version_0" / ExperimentWriter.NAME_METRICS_FILE)
+
+
+def test_hparams_yaml_reads_back_with_lightnings_helpers(tmp_path):
+    from argparse import Namespace
+
+    import pytest
+
+    from trainer.core.saving import load_hparams_from_yaml, save_hparams_to_yaml
+    from trainer.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path)
+    logger.log_hyperparams({"lr": 0.1, "layers": [1, 2], "nested": {"a": "b"}})
+    assert load_hparams_from_yaml(f"{logger.log_dir}/hparams.yaml") == {"lr": 0.1, "layers": [1, 2],
+                                                                         "nested": {"a": "b"}}  # fmt: skip
+    save_hparams_to_yaml(tmp_path / "ns.yaml", Namespace(a=1, b="x"))
+    assert load_hparams_from_yaml(tmp_path / "ns.yaml") == {"a": 1, "b": "x"}
+    with pytest.warns(UserWarning, match="Missing Tags"):
+        assert load_hparams_from_yaml(tmp_path / "absent.yaml") == {}

@@ -123,3 +123,24 @@ def test_hparams_yaml_reads_back_with_lightnings_helpers(tmp_path):
     assert load_hparams_from_yaml(tmp_path / "ns.yaml") == {"a": 1, "b": "x"}
     with pytest.warns(UserWarning, match="Missing Tags"):
         assert load_hparams_from_yaml(tmp_path / "absent.yaml") == {}
+
+
+def test_self_log_in_a_callback_logs_through_the_module(tmp_path):
+    from trainer.callbacks import Callback
+
+    class Logging(Callback):
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            self.log("on_train_start", 1.0)
+
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.log_dict({"on_train_batch_end": 3.0})
+
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+            self.log("on_train_epoch_end", 5.0)
+
+    trainer = Trainer(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=0,
+                      callbacks=[Logging()], logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False)  # fmt: skip
+    trainer.fit(Net())
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("on_")}
+    assert metrics == {"on_train_start": 1.0, "on_train_batch_end": 3.0, "on_train_epoch_end": 5.0}

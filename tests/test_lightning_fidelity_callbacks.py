@@ -158,3 +158,19 @@ def test_lr_find_takes_weights_only(tmp_path):
 
     result = Tuner(quiet(tmp_path)).lr_find(WithLr(), num_training=5, weights_only=True)
     assert result is not None and len(result.results["lr"]) > 0
+
+
+def test_lr_find_with_too_few_steps_for_a_suggestion_leaves_the_rate_alone(tmp_path):
+    class WithLr(Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.learning_rate = 0.123
+
+    model = WithLr()
+    result = Tuner(quiet(tmp_path)).lr_find(model, update_attr=True, num_training=1)
+    assert result.suggestion() is None and model.learning_rate == 0.123
+
+
+def test_lr_find_on_a_module_without_a_rate_attribute_is_an_attribute_error(tmp_path):
+    with pytest.raises(AttributeError, match="learning_rate"):
+        Tuner(quiet(tmp_path)).lr_find(Net(), update_attr=True)

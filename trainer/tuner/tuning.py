@@ -17,6 +17,11 @@ from trainer.strategies.errors import ConfigurationError
 _METHODS = ("fit", "validate", "test", "predict")
 
 
+class MissingLearningRateAttribute(ConfigurationError, AttributeError):
+    """``lr_find(update_attr=True)`` on a module without the attribute to update: an ``AttributeError`` as in
+    Lightning, and our ``ConfigurationError``."""
+
+
 class Tuner:
     """Finds a learning rate or batch size for ``trainer`` before it trains (Lightning's ``Tuner``)."""
 
@@ -125,7 +130,7 @@ def _lr_attribute(model: Any, attr_name: str) -> str:
         if name in model.hparams or (hasattr(model, name) and not callable(getattr(model, name))):
             return name
     where = f"`{attr_name}`" if attr_name else "`lr` or `learning_rate`"
-    raise ConfigurationError(
+    raise MissingLearningRateAttribute(
         f"Tuner.lr_find(update_attr=True) sets the suggestion on the module's {where} (an attribute or a "
         "hyperparameter, read by configure_optimizers), and the module has none. Add one, pass attr_name=..., "
         "or update_attr=False and read the result's suggestion()."

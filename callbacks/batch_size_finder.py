@@ -237,11 +237,10 @@ class BatchSizeFinder(Callback):
                     "used as the initial batch size for scaling. If this is not the intended behavior, please remove "
                     "either one.", UserWarning, stacklevel=2,
                 )  # fmt: skip
-            if in_hparams or as_attribute:
+            if in_hparams or as_attribute:  # every holder gets it, as in Lightning; the loader from the first
                 record_hparam(owner, (name,), size)
-                new_loader = owner.train_dataloader()
-                if new_loader is not None:
-                    break
+                if new_loader is None:
+                    new_loader = owner.train_dataloader()
         if getattr(new_loader, "batch_size", None) != size:
             new_loader = with_batch_size(loader, size)
         trainer.reset_train_dataloader(new_loader)

@@ -174,3 +174,18 @@ def test_lr_find_with_too_few_steps_for_a_suggestion_leaves_the_rate_alone(tmp_p
 def test_lr_find_on_a_module_without_a_rate_attribute_is_an_attribute_error(tmp_path):
     with pytest.raises(AttributeError, match="learning_rate"):
         Tuner(quiet(tmp_path)).lr_find(Net(), update_attr=True)
+
+
+def test_scale_batch_size_sets_the_size_on_the_module_and_the_datamodule(tmp_path):
+    class Data(DataModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = 2
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(blobs(64), batch_size=self.batch_size)
+
+    model, data = Net(batch_size=2), Data()
+    trainer = quiet(tmp_path)
+    size = Tuner(trainer).scale_batch_size(model, datamodule=data, mode="binsearch", init_val=4, max_trials=2)
+    assert size == model.batch_size == data.batch_size == 7  # 4 and 8 fit; Lightning's 5% margin below 8

@@ -189,3 +189,20 @@ def test_scale_batch_size_sets_the_size_on_the_module_and_the_datamodule(tmp_pat
     trainer = quiet(tmp_path)
     size = Tuner(trainer).scale_batch_size(model, datamodule=data, mode="binsearch", init_val=4, max_trials=2)
     assert size == model.batch_size == data.batch_size == 7  # 4 and 8 fit; Lightning's 5% margin below 8
+
+
+def test_lr_monitor_logs_zero_momentum_and_warns_for_an_optimizer_without_one(tmp_path):
+    from trainer.callbacks import LearningRateMonitor
+    from trainer.loggers import CSVLogger
+
+    class Plain(Net):
+        def configure_optimizers(self) -> Any:
+            return torch.optim.ASGD(self.parameters(), lr=1e-2)
+
+    monitor = LearningRateMonitor(log_momentum=True)
+    trainer = Trainer(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=3, log_every_n_steps=1,
+                      callbacks=[monitor], logger=CSVLogger(tmp_path), enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    with pytest.warns(RuntimeWarning, match="optimizers do not have momentum"):
+        trainer.fit(Plain())
+    assert monitor.last_momentum_values == {"lr-ASGD-momentum": 0.0}

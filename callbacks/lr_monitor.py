@@ -66,7 +66,9 @@ class LearningRateMonitor(Callback):
 
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
         # Read before the step, so the value logged for step N is the rate step N used.
-        if self._interval == "step" and (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
+        # Counted in batches that stepped, as the loggers' interval (several optimizers step once each per batch).
+        stepped = trainer.fit_loop.progress.batches_that_stepped
+        if self._interval == "step" and (stepped + 1) % trainer.log_every_n_steps == 0:
             module.log_dict(self._record(self.current_values(trainer)), on_step=True, on_epoch=False)
 
     def _prefixed(self, names: list[list[str]]) -> list[list[str]]:

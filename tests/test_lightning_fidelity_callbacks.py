@@ -206,3 +206,31 @@ def test_lr_monitor_logs_zero_momentum_and_warns_for_an_optimizer_without_one(tm
     with pytest.warns(RuntimeWarning, match="optimizers do not have momentum"):
         trainer.fit(Plain())
     assert monitor.last_momentum_values == {"lr-ASGD-momentum": 0.0}
+
+
+def test_lr_monitor_logs_every_n_batches_with_two_manual_optimizers(tmp_path):
+    from trainer.callbacks import LearningRateMonitor
+    from trainer.loggers import CSVLogger
+
+    class Two(Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            for optimizer in self.optimizers():  # two optimizer steps per batch: global_step grows by 2
+                loss = super().training_step(batch, batch_idx)
+                optimizer.zero_grad()
+                self.manual_backward(loss)
+                optimizer.step()
+
+        def configure_optimizers(self) -> Any:
+            return [torch.optim.Adam(self.parameters(), lr=1e-2), torch.optim.Adam(self.parameters(), lr=1e-2)]
+
+    monitor = LearningRateMonitor(logging_interval="step")
+    trainer = Trainer(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=8, log_every_n_steps=2,
+                      callbacks=[monitor], logger=CSVLogger(tmp_path), enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    trainer.fit(Two())
+    assert trainer.global_step == 16
+    assert {name: len(values) for name, values in monitor.lrs.items()} == {"lr-Adam": 4, "lr-Adam-1": 4}

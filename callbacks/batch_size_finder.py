@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import warnings
 from typing import Any, Optional, Union
 
 import torch
@@ -81,7 +82,8 @@ class BatchSizeFinder(Callback):
     - on CUDA, it runs out of memory (the error is caught and the cache emptied), or its peak memory
       beyond what was allocated before it exceeds ``max_memory_mb``;
     - on CPU (where running out of memory means swapping or being killed), the memory autograd keeps for
-      backward (activations, not parameters) exceeds ``max_memory_mb``, which is then required.
+      backward (activations, not parameters) exceeds ``max_memory_mb``; without it (as in Lightning) no trial
+      fails there, and the search ends at ``max_val`` (8192 by default), the dataset's length or ``max_trials``.
 
     The result is stored in :attr:`optimal_batch_size`, set on a module/datamodule attribute (and
     hyperparameter) named ``batch_arg_name`` when there is one, and the training data is rebuilt with it.
@@ -95,14 +97,16 @@ class BatchSizeFinder(Callback):
         max_trials: int = 25,
         steps_per_trial: int = 3,
         max_memory_mb: Optional[float] = None,
-        max_val: Optional[int] = None,
+        max_val: Optional[int] = 8192,
         scale_lr: Union[bool, str] = False,
         batch_arg_name: str = "batch_size",
         mode: str = "binsearch",
         margin: float = 0.0,
     ) -> None:
-        if init_val < 1 or max_trials < 1 or steps_per_trial < 1:
-            raise ConfigurationError("BatchSizeFinder: init_val, max_trials and steps_per_trial must be >= 1.")
+        if init_val < 1 or max_trials < 0 or steps_per_trial < 1:
+            raise ConfigurationError(
+                "BatchSizeFinder: init_val and steps_per_trial must be >= 1, max_trials >= 0 (0: keep init_val)."
+            )
         if mode not in ("power", "binsearch"):
             raise ConfigurationError(f"BatchSizeFinder(mode={mode!r}) must be 'power' or 'binsearch'.")
         self.mode = mode
@@ -140,13 +144,16 @@ class BatchSizeFinder(Callback):
     def find(self, trainer: Any, module: Any, loader: Any) -> int:
         """Run the doubling and binary search; returns the largest batch size that fitted."""
         device = trainer.strategy.root_device
-        if device.type != "cuda" and self.max_memory_mb is None:
-            raise ConfigurationError(
-                f"BatchSizeFinder on {device.type}: pass max_memory_mb=... (the activation memory a batch may use); "
-                "only CUDA reports running out of memory safely."
-            )
         length = _dataset_length(loader)
         limit = min(self.max_val, length) if self.max_val and length else (self.max_val or length)
+        if device.type != "cuda" and self.max_memory_mb is None and not limit:
+            raise ConfigurationError(
+                f"BatchSizeFinder on {device.type} with max_val=None and a dataset without a length: nothing bounds "
+                "the search (only CUDA reports running out of memory safely). Pass max_val=... or max_memory_mb=... "
+                "(the activation memory a batch may use)."
+            )
+        if self.max_trials == 0:
+            return min(self.init_val, limit) if limit else self.init_val
         trials = TrialSteps(trainer, module)
         self.trials = {}
         try:
@@ -217,14 +224,23 @@ class BatchSizeFinder(Callback):
 
     # ------------------------------------------------------------------ applying the result
     def _apply(self, trainer: Any, module: Any, loader: Any, size: int) -> None:
-        record_hparam(module, (self.batch_arg_name,), size)
+        name = self.batch_arg_name
         new_loader = None
         for owner in (trainer.datamodule, module):
-            if owner is not None and hasattr(owner, self.batch_arg_name):
-                setattr(owner, self.batch_arg_name, size)
-                new_loader = owner.train_dataloader()
-                if new_loader is not None:
-                    break
+            if owner is None:
+                continue
+            in_hparams = name in getattr(owner, "hparams", {})
+            as_attribute = hasattr(owner, name) and not callable(getattr(owner, name))
+            if owner is module and in_hparams and as_attribute:
+                warnings.warn(
+                    f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! `model.{name}` will be "
+                    "used as the initial batch size for scaling. If this is not the intended behavior, please remove "
+                    "either one.", UserWarning, stacklevel=2,
+                )  # fmt: skip
+            if in_hparams or as_attribute:  # every holder gets it, as in Lightning; the loader from the first
+                record_hparam(owner, (name,), size)
+                if new_loader is None:
+                    new_loader = owner.train_dataloader()
         if getattr(new_loader, "batch_size", None) != size:
             new_loader = with_batch_size(loader, size)
         trainer.reset_train_dataloader(new_loader)

@@ -106,8 +106,8 @@ class LearningRateFinder(Callback):
             )
         if mode not in ("exponential", "linear"):
             raise ConfigurationError(f"LearningRateFinder(mode={mode!r}) must be 'exponential' or 'linear'.")
-        if num_training_steps < 3:
-            raise ConfigurationError("LearningRateFinder: num_training_steps must be >= 3.")
+        if num_training_steps < 1:
+            raise ConfigurationError("LearningRateFinder: num_training_steps must be >= 1 (a suggestion needs 3).")
         self.min_lr, self.max_lr = min_lr, max_lr
         self.num_training_steps = num_training_steps
         self.mode = mode
@@ -124,7 +124,7 @@ class LearningRateFinder(Callback):
 
     def lr_at(self, step: int) -> float:
         """The learning rate of range-test step ``step``."""
-        fraction = step / (self.num_training_steps - 1)
+        fraction = step / (self.num_training_steps - 1) if self.num_training_steps > 1 else 0.0
         if self.mode == "linear":
             return self.min_lr + fraction * (self.max_lr - self.min_lr)
         return self.min_lr * (self.max_lr / self.min_lr) ** fraction

@@ -1,6 +1,7 @@
 """``LearningRateMonitor``: logs every optimizer's learning rate (per parameter group) as training goes."""
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from typing import Any, Optional
 
@@ -46,6 +47,10 @@ class LearningRateMonitor(Callback):
                 "LearningRateMonitor logs to the Trainer's loggers, and this Trainer has none (logger=False). Give it "
                 "a logger (e.g. logger=CSVLogger('logs')), or drop the callback."
             )
+        if self.log_momentum and any("momentum" not in o.defaults and "betas" not in o.defaults
+                                     for o in trainer.optimizers):  # fmt: skip
+            warnings.warn("You have set log_momentum=True, but some optimizers do not have momentum. This will log a "
+                          "value 0 for the momentum.", RuntimeWarning, stacklevel=2)  # fmt: skip
         if self.logging_interval is None:
             step_scheduled = any(c.interval == "step" for c in trainer.lr_scheduler_configs)
             self._interval = "step" if step_scheduled else "epoch"
@@ -61,7 +66,9 @@ class LearningRateMonitor(Callback):
 
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
         # Read before the step, so the value logged for step N is the rate step N used.
-        if self._interval == "step" and (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
+        # Counted in batches that stepped, as the loggers' interval (several optimizers step once each per batch).
+        stepped = trainer.fit_loop.progress.batches_that_stepped
+        if self._interval == "step" and (stepped + 1) % trainer.log_every_n_steps == 0:
             module.log_dict(self._record(self.current_values(trainer)), on_step=True, on_epoch=False)
 
     def _prefixed(self, names: list[list[str]]) -> list[list[str]]:
@@ -87,9 +94,9 @@ class LearningRateMonitor(Callback):
             for group, name in zip(optimizer.param_groups, names):
                 values[name] = float(group["lr"])
                 if self.log_momentum:
-                    momentum = group.get("momentum", group.get("betas", (None,))[0])
-                    if momentum is not None:
-                        values[f"{name}-momentum"] = float(momentum)
+                    # As in Lightning, an optimizer without momentum or betas logs 0 (warned at the start).
+                    momentum = group.get("momentum", group.get("betas", (0.0,))[0])
+                    values[f"{name}-momentum"] = float(momentum)
                 if self.log_weight_decay and "weight_decay" in group:
                     values[f"{name}-weight_decay"] = float(group["weight_decay"])
         return values

@@ -37,8 +37,8 @@ def parse_duration(duration: Union[str, float, int, timedelta, dict, None]) -> O
         seconds = float(duration)
     else:
         raise ConfigurationError(f"Timer(duration={duration!r}) must be 'DD:HH:MM:SS', a timedelta, a dict or seconds.")
-    if seconds <= 0:
-        raise ConfigurationError(f"Timer(duration={duration!r}) must be positive.")
+    if seconds < 0:
+        raise ConfigurationError(f"Timer(duration={duration!r}) must not be negative.")
     return seconds
 
 
@@ -120,6 +120,12 @@ class Timer(Callback):
         self._finish("test")
 
     # ------------------------------------------------------------------ stopping
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        # After a resume the restored budget may already be spent (or duration=0): stop before the first step,
+        # whatever the interval. Nothing new was trained, so there is nothing to save.
+        if self.duration is not None:
+            self._check(trainer, save=False)
+
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         if self.interval != "step" or self.duration is None or step == self._last_step:
@@ -133,7 +139,7 @@ class Timer(Callback):
         if self.interval == "epoch" and self.duration is not None:
             self._check(trainer)
 
-    def _check(self, trainer: Any) -> None:
+    def _check(self, trainer: Any, save: bool = True) -> None:
         if trainer.should_stop and self.checkpoint_path is not None:
             return
         expired = self.time_elapsed() >= self.duration
@@ -145,7 +151,7 @@ class Timer(Callback):
         if self.verbose and trainer.is_global_zero:
             print(f"Timer: time is up after {timedelta(seconds=int(self.time_elapsed()))}; stopping at step "
                   f"{trainer.global_step}.")  # fmt: skip
-        if self.save_checkpoint and self.checkpoint_path is None:
+        if save and self.save_checkpoint and self.checkpoint_path is None:
             callback = trainer.checkpoint_callback
             folder = getattr(callback, "dirpath", None) or os.path.join(trainer.log_dir, "checkpoints")
             path = os.path.join(str(folder), f"timer-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt")

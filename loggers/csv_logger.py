@@ -11,6 +11,44 @@ from trainer.loggers.run_folder import FolderLogger, plain_value, save_hparams_y
 from trainer.strategies.rank import rank_zero_only
 
 
+class ExperimentWriter:
+    """``CSVLogger.experiment`` (Lightning's name): the CSV logger's rows as Lightning's writer shows them.
+    ``metrics`` are the rows buffered since the last ``save()``; writing goes through the logger."""
+
+    NAME_METRICS_FILE = "metrics.csv"
+    NAME_HPARAMS_FILE = "hparams.yaml"
+
+    def __init__(self, logger: "CSVLogger") -> None:
+        self._logger = logger
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows logged and not yet written."""
+        return self._logger._rows
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return self._logger._hparams
+
+    @property
+    def log_dir(self) -> str:
+        return self._logger.log_dir
+
+    @property
+    def metrics_file_path(self) -> str:
+        return self._logger.metrics_file_path
+
+    def log_metrics(self, metrics_dict: dict[str, float], step: Optional[int] = None) -> None:
+        """Add a row (``step`` defaults to the number of rows buffered, as in Lightning)."""
+        self._logger.log_metrics(metrics_dict, len(self.metrics) if step is None else step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        self._logger.log_hyperparams(params)
+
+    def save(self) -> None:
+        self._logger.save()
+
+
 class CSVLogger(FolderLogger):
     """Log metrics to ``metrics.csv``; readable with ``pandas.read_csv`` or any spreadsheet.
 
@@ -35,7 +73,12 @@ class CSVLogger(FolderLogger):
     @property
     def metrics_file_path(self) -> str:
         """Path of ``metrics.csv``."""
-        return os.path.join(self.log_dir, "metrics.csv")
+        return os.path.join(self.log_dir, ExperimentWriter.NAME_METRICS_FILE)
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        """The writer (Lightning's ``ExperimentWriter``): ``metrics`` buffered, ``metrics_file_path``, ``save()``."""
+        return ExperimentWriter(self)
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
@@ -48,9 +91,9 @@ class CSVLogger(FolderLogger):
             self.save()
 
     @rank_zero_only
-    def log_hyperparams(self, params: dict[str, Any], metrics: Optional[dict[str, float]] = None) -> None:
+    def log_hyperparams(self, params: Optional[dict[str, Any]] = None, metrics: Optional[dict[str, float]] = None) -> None:
         """Write ``hparams.yaml`` (and ``metrics`` as a row at step 0)."""
-        self._hparams.update(params)
+        self._hparams.update(params or {})
         save_hparams_yaml(os.path.join(self._folder.create(), "hparams.yaml"), self._hparams)
         if metrics:
             self.log_metrics(metrics, 0)

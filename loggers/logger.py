@@ -85,6 +85,12 @@ class DummyLogger(Logger):
     def __getitem__(self, index: int) -> "DummyLogger":
         return self
 
+    def log_metrics(self, *args: Any, **kwargs: Any) -> None:
+        """Records nothing, whatever it is given."""
+
+    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+        """Records nothing, whatever it is given."""
+
     def __getattr__(self, name: str) -> Any:
         """Any other method a logger-specific call expects (``log_image``, ``log_text``, ...): a no-op."""
         if name.startswith("_"):  # private and special names stay missing (copy, pickle, hasattr checks)

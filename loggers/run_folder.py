@@ -136,6 +136,12 @@ class FolderLogger(Logger):
         """This run's folder, ``save_dir/name/version_N``."""
         return self._folder.path
 
+    @property
+    def root_dir(self) -> str:
+        """The folder holding every version of this experiment, ``save_dir/name`` (``save_dir`` without a name),
+        as Lightning's."""
+        return os.path.join(self.save_dir, self.name) if self.name else self.save_dir
+
 
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested dicts become ``"outer/inner"`` keys; values stay as given."""

@@ -71,10 +71,10 @@ class TensorBoardLogger(FolderLogger):
             raise self._write_error(err) from None
 
     @rank_zero_only
-    def log_hyperparams(self, params: dict[str, Any], metrics: Optional[dict[str, float]] = None) -> None:
+    def log_hyperparams(self, params: Optional[dict[str, Any]] = None, metrics: Optional[dict[str, float]] = None) -> None:
         """Record hyperparameters in ``hparams.yaml`` now, and in the HParams dashboard when the run ends
         (or now, with ``metrics``, which are also logged as scalars)."""
-        self._hparams.update(params)
+        self._hparams.update(params or {})
         save_hparams_yaml(os.path.join(self._folder.create(), "hparams.yaml"), self._hparams)
         if metrics:
             self.log_metrics(metrics, 0)

@@ -98,9 +98,20 @@ def test_batch_size_finder_never_exceeds_the_dataset(tmp_path):
         assert finder.optimal_batch_size == 300  # Classifier's 300 samples; a larger batch is one short epoch
 
 
-def test_batch_size_finder_needs_a_budget_on_cpu_and_says_when_nothing_fits(tmp_path):
-    with pytest.raises(ConfigurationError, match="max_memory_mb"):
-        quiet_trainer(tmp_path, callbacks=[BatchSizeFinder()]).fit(Classifier())
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(torch.randn(64, 8))
+
+
+def test_batch_size_finder_without_a_budget_on_cpu_stops_at_its_bounds_and_says_when_nothing_fits(tmp_path):
+    # As in Lightning, off CUDA no trial fails without max_memory_mb: the search ends at the dataset's length
+    # (or max_val); with neither bound (max_val=None and a dataset without a length) it is refused.
+    finder = BatchSizeFinder(mode="power")
+    quiet_trainer(tmp_path, callbacks=[finder], max_steps=1).fit(Classifier())
+    assert finder.optimal_batch_size == 300
+    with pytest.raises(ConfigurationError, match="nothing bounds the search"):
+        finder = BatchSizeFinder(max_val=None)
+        finder.find(quiet_trainer(tmp_path), Classifier(), DataLoader(_Stream(), batch_size=2))
     with pytest.raises(RuntimeError, match="even batch size 2 does not fit"):
         quiet_trainer(tmp_path, callbacks=[BatchSizeFinder(max_memory_mb=1e-6)]).fit(Classifier())
 

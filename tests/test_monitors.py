@@ -206,7 +206,8 @@ def test_timer_durations():
     assert parse_duration("01:02:03:04") == 93784
     assert parse_duration(dict(hours=1, minutes=30)) == 5400
     assert parse_duration(timedelta(minutes=2)) == 120 and parse_duration(90) == 90.0
-    for bad in ("1:2:3", "soon", 0, -5, {"hourz": 1}):
+    assert parse_duration(timedelta(0)) == 0.0  # as in Lightning: stops before the first step
+    for bad in ("1:2:3", "soon", -5, {"hourz": 1}):
         with pytest.raises(ConfigurationError):
             parse_duration(bad)
     with pytest.raises(ConfigurationError):

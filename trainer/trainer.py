@@ -448,6 +448,13 @@ class Trainer:
         if extra:
             replaced = {type(cb) for cb in extra}
             self.callbacks = checkpoints_last([cb for cb in self.callbacks if type(cb) not in replaced] + extra)
+        for callback in self.callbacks:
+            # As in Lightning, `self.log(...)`/`self.log_dict(...)` in a callback's hook log through the module
+            # (a callback class with a `log` of its own keeps it).
+            if not hasattr(type(callback), "log"):
+                callback.log = model.log
+            if not hasattr(type(callback), "log_dict"):
+                callback.log_dict = model.log_dict
         return self.callbacks
 
     def _begin_fit_data(self, model: TrainModule, train: Any, val: Any, datamodule: Optional[DataModule]) -> None:

@@ -35,7 +35,14 @@ class MetricsConnector:
         """Everything logged so far, refreshed from the running stage."""
         trainer = self.trainer
         results = trainer._results
-        if results is not None and not trainer.sanity_checking and results.values:
+        if results is None or trainer.sanity_checking:
+            return self.callback_metrics
+        train = self.train
+        if results is not train and train.values and trainer.state_stage == "fit":
+            # Validation inside fit: the training step's latest values stay visible, as in Lightning (a
+            # ModelCheckpoint monitoring a training value at a mid-epoch validation finds it).
+            self.callback_metrics.update(train.callback_metrics(train.epoch_done))
+        if results.values:
             self.callback_metrics.update(results.callback_metrics(results.epoch_done))
         return self.callback_metrics
 
@@ -119,12 +126,16 @@ class MetricsConnector:
 
     @rank_zero_only
     def log_hyperparams(self, model: Any, datamodule: Any) -> None:
-        """Send the module's (and datamodule's) hyperparameters, and the graph where asked for."""
-        params = dict(model.hparams)
-        if datamodule is not None and hasattr(datamodule, "hparams"):
-            params.update(dict(datamodule.hparams))
+        """Send the module's (and datamodule's) hyperparameters, and the graph where asked for. Those saved with
+        ``save_hyperparameters(logger=False)`` stay out; when neither sends any, ``log_hyperparams`` is not called."""
+        sources = [model] + ([datamodule] if datamodule is not None and hasattr(datamodule, "hparams") else [])
+        sources = [source for source in sources if getattr(source, "_log_hyperparams", True)]
+        params = {}
+        for source in sources:
+            params.update(dict(source.hparams))
         for logger in self.trainer.loggers:
-            logger.log_hyperparams(params)
+            if sources:
+                logger.log_hyperparams(params)
             logger.log_graph(model)  # a no-op unless the logger was asked to, e.g. TensorBoardLogger(log_graph=True)
 
     def finalize(self, status: str) -> None:

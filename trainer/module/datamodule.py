@@ -27,8 +27,12 @@ class DataModule:
         """Hyperparameters recorded by :meth:`save_hyperparameters` (sent to the loggers with the module's)."""
         return self.__dict__.setdefault("_hparams", AttributeDict())  # also when a subclass skipped __init__
 
-    def save_hyperparameters(self, *args: Any, ignore: Optional[Union[str, Iterable[str]]] = None, frame: Any = None) -> None:
-        """Record the ``__init__`` arguments (all, or those named in ``args``) in ``self.hparams``, as a module's."""
+    def save_hyperparameters(
+        self, *args: Any, ignore: Optional[Union[str, Iterable[str]]] = None, frame: Any = None, logger: bool = True
+    ) -> None:
+        """Record the ``__init__`` arguments (all, or those named in ``args``) in ``self.hparams``, as a module's
+        (``logger=False``: not sent to the loggers)."""
+        self._log_hyperparams = logger
         caller = frame or inspect.currentframe().f_back
         self.hparams.update(hyperparameters_of_call(self, caller, args, ignore))
 

@@ -585,12 +585,16 @@ class TrainModule(nn.Module):
             modes.restore()
 
     # ------------------------------------------------------------------ hyperparameters and checkpoints
-    def save_hyperparameters(self, *args: Any, ignore: Optional[Union[str, Iterable[str]]] = None, frame: Any = None) -> None:
+    def save_hyperparameters(
+        self, *args: Any, ignore: Optional[Union[str, Iterable[str]]] = None, frame: Any = None, logger: bool = True
+    ) -> None:
         """Record the ``__init__`` arguments (all, or those named in ``args``) in ``self.hparams``.
 
         Values must be plain Python values or tensors so checkpoints stay safe to load; others are skipped
-        with a warning (pass them again to ``load_from_checkpoint`` as overrides).
+        with a warning (pass them again to ``load_from_checkpoint`` as overrides). ``logger=False`` keeps them
+        out of the loggers' ``log_hyperparams`` (they are still saved in checkpoints), as in Lightning.
         """
+        self._log_hyperparams = logger
         caller = frame or inspect.currentframe().f_back
         self._hparams.update(hyperparameters_of_call(self, caller, args, ignore))
         self._hparams_initial = copy.deepcopy(self._hparams)

@@ -65,9 +65,22 @@ class SimpleProfiler(Profiler):
 
     ``results`` maps each phase to ``(calls, total_seconds)`` after a stage (kept until the next one starts);
     ``recorded_durations`` (Lightning's name) each phase to the seconds of every call, in order.
+
+    As in Lightning, ``filename`` also writes each stage's summary to ``<dirpath>/<stage>-<filename>.txt``
+    (``-<rank>`` appended with several processes; ``dirpath`` defaults to ``trainer.log_dir``), and
+    ``extended=False`` leaves out the calls and percent columns.
     """
 
-    def __init__(self, sync_cuda: bool = True) -> None:
+    def __init__(
+        self,
+        dirpath: Union[str, Path, None] = None,
+        filename: Optional[str] = None,
+        extended: bool = True,
+        sync_cuda: bool = True,
+    ) -> None:
+        self.dirpath = dirpath
+        self.filename = filename
+        self.extended = extended
         self.sync_cuda = sync_cuda
         self.results: dict[str, tuple[int, float]] = {}
         self._stack: list[list[Any]] = []  # [action, start, time spent in nested phases]
@@ -75,6 +88,7 @@ class SimpleProfiler(Profiler):
         self.recorded_durations: dict[str, list[float]] = {}
         self._sync: Any = None
         self._stage = ""
+        self._rank: Optional[int] = None
 
     def setup(self, trainer: Any, stage: str) -> None:
         import torch
@@ -83,19 +97,26 @@ class SimpleProfiler(Profiler):
         self._sync = (lambda: torch.cuda.synchronize(device)) if self.sync_cuda and device.type == "cuda" else None
         self._stack, self._totals, self.results, self._stage = [], {}, {}, stage
         self.recorded_durations = {}
+        if self.dirpath is None:
+            self.dirpath = trainer.log_dir
+        self._rank = trainer.global_rank if trainer.world_size > 1 else None
 
     def start(self, action: str) -> None:
         if self._sync is not None:
             self._sync()
+        if any(entry[0] == action for entry in self._stack):
+            raise ValueError(f"Attempted to start {action} which has already started.")
         self._stack.append([action, time.perf_counter(), 0.0])
 
     def stop(self, action: str) -> None:
         if self._sync is not None:
             self._sync()
         now = time.perf_counter()
+        if not self._stack or self._stack[-1][0] != action:
+            running = repr(self._stack[-1][0]) if self._stack else "none"
+            raise ValueError(f"Attempting to stop recording an action ({action}) which was never started, or is not "
+                             f"the running phase (running: {running}).")  # fmt: skip
         name, started, nested = self._stack.pop()
-        if name != action:
-            raise RuntimeError(f"profiler: stop({action!r}) while {name!r} is the running phase")
         elapsed = now - started
         if self._stack:
             self._stack[-1][2] += elapsed
@@ -109,6 +130,21 @@ class SimpleProfiler(Profiler):
             self.stop(self._stack[-1][0])
         self.results = {name: (int(calls), total) for name, (calls, total) in self._totals.items()}
         self._sync = None  # keeps the profiler picklable (ddp_spawn sends the Trainer to each stage's processes)
+        if self.filename and self.dirpath is not None:
+            folder = Path(self.dirpath)
+            folder.mkdir(parents=True, exist_ok=True)
+            suffix = "" if self._rank is None else f"-{self._rank}"
+            name = f"{stage}-{self.filename}" if trainer is not None else self.filename
+            (folder / f"{name}{suffix}.txt").write_text(self.summary() + "\n", encoding="utf-8")
+
+    def describe(self) -> None:
+        """Print the report of what was recorded so far (and write it to ``<dirpath>/<filename>.txt`` when given),
+        for a profiler used on its own, outside a Trainer (Lightning's ``describe``)."""
+        if self._stack or self._totals:
+            self.teardown(None, self._stage or "profile")
+        summary = self.summary()
+        if summary:
+            print(summary)
 
     def total_time(self) -> float:
         """Seconds of the stage's loop: the sum of every row."""
@@ -122,11 +158,15 @@ class SimpleProfiler(Profiler):
 
         overall = self.total_time() or 1.0
         table = Table(title=f"Profile of {self._stage} (exclusive wall time)", title_justify="left")
-        for column in ("phase", "calls", "mean", "total", "percent"):
+        columns = ("phase", "calls", "mean", "total", "percent") if self.extended else ("phase", "mean", "total")
+        for column in columns:
             table.add_column(column, justify="left" if column == "phase" else "right")
         for name, (calls, total) in sorted(self.results.items(), key=lambda item: -item[1][1]):
-            table.add_row(name, str(calls), _duration(total / max(calls, 1)), _duration(total), f"{total / overall:.1%}")
-        table.add_row("total", "", "", _duration(overall), "100.0%", style="bold")
+            row = {"phase": name, "calls": str(calls), "mean": _duration(total / max(calls, 1)),
+                   "total": _duration(total), "percent": f"{total / overall:.1%}"}  # fmt: skip
+            table.add_row(*(row[column] for column in columns))
+        totals = {"phase": "total", "calls": "", "mean": "", "total": _duration(overall), "percent": "100.0%"}
+        table.add_row(*(totals[column] for column in columns), style="bold")
         console = Console(width=120)
         with console.capture() as captured:
             console.print(table)
@@ -222,9 +262,10 @@ def build_profiler(value: Union[str, Profiler, None]) -> Optional[Profiler]:
         return None
     if isinstance(value, Profiler):
         return value
-    if value == "simple":
+    name = value.lower() if isinstance(value, str) else value  # Lightning accepts "Simple" too
+    if name == "simple":
         return SimpleProfiler()
-    if value == "pytorch":
+    if name == "pytorch":
         return PyTorchProfiler()
     raise ConfigurationError(
         f"profiler={value!r} is not understood. Use None (off), 'simple' (time per phase), 'pytorch' (torch.profiler "

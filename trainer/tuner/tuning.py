@@ -17,6 +17,11 @@ from trainer.strategies.errors import ConfigurationError
 _METHODS = ("fit", "validate", "test", "predict")
 
 
+class MissingLearningRateAttribute(ConfigurationError, AttributeError):
+    """``lr_find(update_attr=True)`` on a module without the attribute to update: an ``AttributeError`` as in
+    Lightning, and our ``ConfigurationError``."""
+
+
 class Tuner:
     """Finds a learning rate or batch size for ``trainer`` before it trains (Lightning's ``Tuner``)."""
 
@@ -38,6 +43,7 @@ class Tuner:
         early_stop_threshold: Optional[float] = 4.0,
         update_attr: bool = True,
         attr_name: str = "",
+        weights_only: Optional[bool] = None,
     ) -> Optional[LRFinderResult]:
         """The learning-rate range test: ``num_training`` steps from ``min_lr`` to ``max_lr``; every effect on the
         model and optimizer is undone. Returns the curve, with ``suggestion()`` and ``plot()``."""
@@ -50,7 +56,7 @@ class Tuner:
             attr_name = _lr_attribute(model, attr_name)
         finder = LearningRateFinder(min_lr=min_lr, max_lr=max_lr, num_training_steps=num_training, mode=mode,
                                     early_stop_threshold=early_stop_threshold, update_attr=update_attr,
-                                    attr_name=attr_name)  # fmt: skip
+                                    attr_name=attr_name, weights_only=weights_only)  # fmt: skip
         self._run(finder, model, train_dataloaders, val_dataloaders, datamodule)
         return finder.optimal_lr
 
@@ -124,7 +130,7 @@ def _lr_attribute(model: Any, attr_name: str) -> str:
         if name in model.hparams or (hasattr(model, name) and not callable(getattr(model, name))):
             return name
     where = f"`{attr_name}`" if attr_name else "`lr` or `learning_rate`"
-    raise ConfigurationError(
+    raise MissingLearningRateAttribute(
         f"Tuner.lr_find(update_attr=True) sets the suggestion on the module's {where} (an attribute or a "
         "hyperparameter, read by configure_optimizers), and the module has none. Add one, pass attr_name=..., "
         "or update_attr=False and read the result's suggestion()."

@@ -147,6 +147,10 @@ LIGHTNING_PUBLIC_NAMES = (
     "utilities.exceptions.MisconfigurationException", "utilities.types.STEP_OUTPUT",
     "utilities.types.OptimizerLRScheduler", "utilities.types.TRAIN_DATALOADERS", "utilities.types.EVAL_DATALOADERS",
     "utilities.types.LRSchedulerTypeUnion",
+    *(f"demos.boring_classes.{name}" for name in (
+        "BoringModel", "BoringDataModule", "BoringDataModuleNoLen", "IterableBoringDataModule",
+        "ManualOptimBoringModel", "DemoModel", "Net", "RandomDataset", "RandomDictDataset", "RandomIterableDataset",
+        "RandomIterableDatasetWithLen")),
 )  # fmt: skip
 
 

@@ -118,6 +118,9 @@ def test_torch_sync_batchnorm_converts_and_reverts_and_is_a_plugin():
 LIGHTNING_PUBLIC_NAMES = (
     "Trainer", "LightningModule", "LightningDataModule", "Callback", "seed_everything",
     "core.LightningModule", "core.LightningDataModule", "core.optimizer.LightningOptimizer", "cli.LightningCLI",
+    "core.module.LightningModule", "core.datamodule.LightningDataModule", "trainer.trainer.Trainer",
+    "trainer.states.TrainerFn", "trainer.states.RunningStage", "trainer.states.TrainerStatus",
+    "trainer.states.TrainerState",
     "tuner.Tuner",
     *(f"callbacks.{name}" for name in (
         "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback", "Checkpoint",

@@ -99,7 +99,7 @@ def _with_optimizers(value):
     "value, pattern",
     [
         (42, r"configure_optimizers returned int 42.*must return one of"),
-        ({"lr": 0.1}, r"unknown key\(s\) \['lr'\]"),
+        ({"lr": 0.1}, r"without a usable 'optimizer'"),
         (lambda m: {"optimizer": torch.optim.SGD(m.parameters(), lr=0.1), "lr_scheduler": "cosine"},
          r"str is not an LR scheduler"),
         (lambda m: {"optimizer": (o := torch.optim.SGD(m.parameters(), lr=0.1)),

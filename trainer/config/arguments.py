@@ -103,11 +103,16 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
         out.update(limit_train_batches=overfit, limit_val_batches=overfit)
     if not fast:  # an int 1 and a float 1.0 mean different things: say which one was meant, as Lightning does
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
-                     "val_check_interval"):  # fmt: skip
+                     "val_check_interval", "overfit_batches"):  # fmt: skip
             if _is_int(args[name]) and args[name] == 1:
                 what = {"limit_train_batches": "1 batch per epoch will be used",
                         "val_check_interval": "validation will run after every batch"}.get(name, "1 batch will be used")
                 rank_zero_info("`Trainer(%s=1)` was configured so %s.", name, what)
+            elif isinstance(args[name], float) and args[name] == 1.0:
+                what = {"limit_train_batches": "100% of the batches per epoch will be used",
+                        "val_check_interval": "validation will run at the end of the training epoch"
+                        }.get(name, "100% of the batches will be used")  # fmt: skip
+                rank_zero_info("`Trainer(%s=1.0)` was configured so %s.", name, what)
     return out
 
 

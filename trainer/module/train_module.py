@@ -534,17 +534,17 @@ class TrainModule(nn.Module):
 
         return all_gather_tree(data, self.trainer.strategy, group, sync_grads)
 
-    def freeze(self) -> None:
-        """No gradients for any parameter, and evaluation mode."""
+    def freeze(self) -> "TrainModule":
+        """No gradients for any parameter, and evaluation mode; returns the module (``model.freeze()(x)``)."""
         for param in self.parameters():
             param.requires_grad_(False)
-        self.eval()
+        return self.eval()
 
-    def unfreeze(self) -> None:
-        """Gradients for every parameter again, and training mode."""
+    def unfreeze(self) -> "TrainModule":
+        """Gradients for every parameter again, and training mode; returns the module."""
         for param in self.parameters():
             param.requires_grad_(True)
-        self.train()
+        return self.train()
 
     def to_torchscript(self, file_path: Optional[Union[str, Path]] = None, method: str = "script",
                        example_inputs: Any = None, **kwargs: Any) -> Any:  # fmt: skip

@@ -1,0 +1,113 @@
+"""Loop, optimisation and Trainer-flag behaviour a ported Lightning project relies on, written as a Lightning user
+writes a module: what the loop runs, which messages and warnings appear, which misuses are refused."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from trainer import Trainer
+from trainer.callbacks import EarlyStopping
+from trainer.demos.boring_classes import BoringModel
+from trainer.strategies import ConfigurationError
+
+
+def quiet(**kwargs) -> Trainer:
+    kwargs = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+              "enable_model_summary": False, **kwargs}  # fmt: skip
+    return Trainer(**kwargs)
+
+
+def test_freeze_and_unfreeze_return_the_module():
+    model = BoringModel()
+    assert model.freeze() is model and not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+    assert model.unfreeze() is model and model.training
+    assert all(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "argument, value, says",
+    [
+        ("limit_train_batches", 1.0, "100% of the batches per epoch will be used."),
+        ("limit_val_batches", 1.0, "100% of the batches will be used."),
+        ("val_check_interval", 1.0, "validation will run at the end of the training epoch."),
+        ("overfit_batches", 1, "1 batch will be used."),
+        ("overfit_batches", 1.0, "100% of the batches will be used."),
+    ],
+)
+def test_an_explicit_one_or_one_point_zero_says_what_it_means(caplog, argument, value, says):
+    with caplog.at_level(logging.INFO):
+        quiet(**{argument: value})
+    assert f"`Trainer({argument}={value})` was configured so {says}" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        quiet()  # the defaults say nothing
+    assert "was configured so" not in caplog.text
+
+
+def test_unsupported_keys_of_an_optimizer_dict_warn_and_are_ignored():
+    class Model(BoringModel):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1), "foo": 1}
+
+    with pytest.warns(RuntimeWarning, match=r"unsupported key\(s\) \['foo'\] in the optimizer configuration"):
+        quiet(max_steps=1, limit_val_batches=0).fit(Model())
+
+
+def test_a_scheduler_on_an_optimizer_that_was_not_returned_is_refused():
+    class Model(BoringModel):
+        def configure_optimizers(self):
+            used = torch.optim.SGD(self.layer.parameters(), lr=0.1)
+            other = torch.optim.SGD(self.layer.parameters(), lr=0.1)
+            return [used], [torch.optim.lr_scheduler.StepLR(other, step_size=1)]
+
+    with pytest.raises(ConfigurationError, match="attached with an optimizer that wasn't returned"):
+        quiet(fast_dev_run=True).fit(Model())
+
+
+def test_limit_train_batches_zero_runs_no_epoch():
+    class Model(BoringModel):
+        steps = 0
+
+        def training_step(self, batch, batch_idx):
+            self.steps += 1
+            return super().training_step(batch, batch_idx)
+
+    model = Model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = quiet(max_epochs=2, limit_train_batches=0, limit_val_batches=2)
+    trainer.fit(model)
+    assert trainer.state.finished and trainer.current_epoch == 0 and model.steps == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_stop_before_min_epochs_is_deferred_and_said_once(caplog):
+    class Model(BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            out["loss"] = out["loss"] * 0.0  # constant: early stopping wants to stop after the first epoch
+            self.log("loss", out["loss"])
+            return out
+
+    trainer = quiet(min_epochs=3, max_epochs=10, limit_train_batches=2, limit_val_batches=0,
+                    callbacks=[EarlyStopping(monitor="loss", patience=0, check_on_train_epoch_end=True)])  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        trainer.fit(Model())
+    assert trainer.current_epoch == 3  # min_epochs ran, then the deferred stop
+    said = [r for r in caplog.records if "`min_epochs=3` or `min_steps=None` has not been met" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_pl_trainer_environment_variables_set_the_defaults(monkeypatch):
+    monkeypatch.setenv("PL_TRAINER_MAX_STEPS", "7")
+    monkeypatch.setenv("PL_TRAINER_LOGGER", "False")
+    trainer = Trainer(accelerator="cpu")
+    assert trainer.max_steps == 7 and trainer.logger is None
+    trainer = Trainer(accelerator="cpu", max_steps=42, logger=False)  # what the script passes wins
+    assert trainer.max_steps == 42
+    monkeypatch.setenv("PL_TRAINER_MAX_EPOCHS", "three")  # not a literal: passed as the string, and refused
+    with pytest.raises(ConfigurationError, match="max_epochs"):
+        Trainer(accelerator="cpu")

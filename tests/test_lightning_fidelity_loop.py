@@ -111,3 +111,38 @@ def test_pl_trainer_environment_variables_set_the_defaults(monkeypatch):
     monkeypatch.setenv("PL_TRAINER_MAX_EPOCHS", "three")  # not a literal: passed as the string, and refused
     with pytest.raises(ConfigurationError, match="max_epochs"):
         Trainer(accelerator="cpu")
+
+
+def test_a_hook_wrapped_on_the_instance_is_not_an_override():
+    """Recording wrappers (``functools.partial``/``update_wrapper`` around the inherited hook, as Lightning's hook
+    tests and profiling helpers do) leave the hook as it was: the module's transfer hook still runs."""
+    from functools import partial, update_wrapper
+
+    from trainer.demos.boring_classes import BoringDataModule
+
+    called = []
+
+    class Recorded(BoringDataModule):
+        def __init__(self):
+            super().__init__()
+            for name in ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"):
+                inherited = getattr(self, name)
+
+                def record(hook, fn, *args, **kwargs):
+                    called.append(hook)
+                    return fn(*args, **kwargs)
+
+                wrapper = partial(record, name, inherited)
+                update_wrapper(wrapper, inherited)
+                setattr(self, name, wrapper)
+
+    class Model(BoringModel):
+        moved = 0
+
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            self.moved += 1
+            return batch
+
+    model = Model()
+    quiet(max_steps=2, limit_val_batches=0).fit(model, datamodule=Recorded())
+    assert model.moved == 2 and called == []

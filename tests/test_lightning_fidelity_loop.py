@@ -86,7 +86,10 @@ def test_limit_train_batches_zero_runs_no_epoch():
 
 def test_a_stop_before_min_epochs_is_deferred_and_said_once(caplog):
     class Model(BoringModel):
+        steps = 0
+
         def training_step(self, batch, batch_idx):
+            self.steps += 1
             out = super().training_step(batch, batch_idx)
             out["loss"] = out["loss"] * 0.0  # constant: early stopping wants to stop after the first epoch
             self.log("loss", out["loss"])
@@ -94,9 +97,11 @@ def test_a_stop_before_min_epochs_is_deferred_and_said_once(caplog):
 
     trainer = quiet(min_epochs=3, max_epochs=10, limit_train_batches=2, limit_val_batches=0,
                     callbacks=[EarlyStopping(monitor="loss", patience=0, check_on_train_epoch_end=True)])  # fmt: skip
+    model = Model()
     with caplog.at_level(logging.INFO):
-        trainer.fit(Model())
+        trainer.fit(model)
     assert trainer.current_epoch == 3  # min_epochs ran, then the deferred stop
+    assert model.steps == 3 * 2  # the last required epoch runs whole: the stop waits for min_epochs *completed*
     said = [r for r in caplog.records if "`min_epochs=3` or `min_steps=None` has not been met" in r.getMessage()]
     assert len(said) == 1
 

@@ -239,8 +239,8 @@ def test_min_epochs_delays_a_stop_request():
 
     trainer = quiet_trainer(max_epochs=10, min_epochs=3, callbacks=[StopsAtOnce()], limit_val_batches=0)
     trainer.fit(Regressor(), loader(n=32, batch_size=8))
-    # ignored during epochs 0 and 1 (4 steps each); honoured after the first batch of the third epoch
-    assert trainer.current_epoch == 3 and trainer.global_step == 9
+    # ignored until 3 epochs are complete (4 steps each), then honoured at once, as in Lightning
+    assert trainer.current_epoch == 3 and trainer.global_step == 12
 
 
 def test_seed_makes_runs_reproducible_and_deterministic_flag_applies():

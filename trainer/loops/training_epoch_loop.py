@@ -143,13 +143,13 @@ class TrainingEpochLoop:
             # did not step, so a run whose batches are all skipped still stops on SIGTERM.
             if step >= faults.due_step and (stepped or (window_end and not faults.due_step)):
                 faults.check()  # before validation: a checkpoint saved here resumes with validation pending
-            if validates_on_stop and trainer.should_stop and trainer._can_stop(progress.epoch + 1):
+            if validates_on_stop and trainer.should_stop and trainer._can_stop(progress.epoch):
                 progress.val_pending = self.validated_on_stop = True  # this epoch's validation runs before the stop
             if progress.val_pending:
                 if window_end:
                     self.release_gradients()
                 trainer._run_validation_in_fit()
-            if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch + 1)):
+            if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch)):
                 break
         return reached_end
 

@@ -3,6 +3,7 @@ writes a module: what the loop runs, which messages and warnings appear, which m
 from __future__ import annotations
 
 import logging
+import warnings
 
 import pytest
 import torch
@@ -151,3 +152,22 @@ def test_a_hook_wrapped_on_the_instance_is_not_an_override():
     model = Model()
     quiet(max_steps=2, limit_val_batches=0).fit(model, datamodule=Recorded())
     assert model.moved == 2 and called == []
+
+
+def test_max_epochs_is_resolved_when_fit_starts():
+    from trainer import Callback
+
+    class StopAtOnce(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            trainer.should_stop = True
+
+    trainer = quiet(limit_val_batches=0, callbacks=[StopAtOnce()])
+    assert trainer.max_epochs is None and trainer.max_steps == -1  # as Lightning: None until fit resolves it
+    with pytest.warns(UserWarning, match="`max_epochs` was not set. Setting it to 1000 epochs"):
+        trainer.fit(BoringModel())
+    assert trainer.max_epochs == 1000
+    trainer = quiet(max_steps=1, limit_val_batches=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # max_steps ends the run: no warning
+        trainer.fit(BoringModel())
+    assert trainer.max_epochs == -1

@@ -31,7 +31,7 @@ from trainer.checkpoint.data_position import set_sampler_epoch
 from trainer.data.combined_loader import CombinedLoader
 from trainer.faults import slurm_requeue
 from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
-                                      checkpoints_last, validate_arguments, with_max_time)
+                                      checkpoints_last, resolve_max_epochs, validate_arguments, with_max_time)
 from trainer.checkpoint.connector import CheckpointConnector
 from trainer.module.datamodule import DataModule
 from trainer.data.distributed import balance_training_batches
@@ -239,6 +239,10 @@ class Trainer:
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise ConfigurationError("fit(): pass either dataloaders or a datamodule, not both.")
         self._check_module(model, "fit")
+        from trainer.callbacks.timer import Timer
+
+        self.max_epochs = resolve_max_epochs(self.max_epochs, self.max_steps,
+                                             any(isinstance(c, Timer) for c in self.callbacks))  # fmt: skip
         self._launch(self._fit_impl, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
     def validate(
@@ -773,10 +777,13 @@ class Trainer:
         training loader is requested for it if fit has not yet)."""
         self._training_data()
         per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches) if self.num_training_batches else 0
-        if self.max_epochs == -1:
+        max_epochs = self.max_epochs
+        if max_epochs is None:  # read before fit: the value fit will resolve to
+            max_epochs = -1 if self.max_steps != -1 else 1000
+        if max_epochs == -1:
             total = float("inf")
         else:
-            total = per_epoch * self.max_epochs
+            total = per_epoch * max_epochs
         if self.max_steps != -1:
             total = min(total, self.max_steps)
         return total

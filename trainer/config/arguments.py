@@ -15,7 +15,7 @@ import torch
 from trainer.callbacks.callback import Callback
 from trainer.loggers.logger import Logger
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.rank import rank_zero_info
+from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 from trainer.strategies.checkpoint.storage import is_remote
 from trainer.data.loaders import validate_limit
 
@@ -48,8 +48,6 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     reload_every = args["reload_dataloaders_every_n_epochs"]
     _require(_is_int(reload_every) and reload_every >= 0,
              f"reload_dataloaders_every_n_epochs={reload_every!r} must be an int >= 0 (0: never).")
-    if max_epochs is None:
-        out["max_epochs"] = -1 if max_steps != -1 else 1000
 
     check_accumulate_grad_batches(args["accumulate_grad_batches"])
     clip, algorithm = args["gradient_clip_val"], args["gradient_clip_algorithm"]
@@ -114,6 +112,18 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
                         }.get(name, "100% of the batches will be used")  # fmt: skip
                 rank_zero_info("`Trainer(%s=1.0)` was configured so %s.", name, what)
     return out
+
+
+def resolve_max_epochs(max_epochs: Optional[int], max_steps: int, has_timer: bool) -> int:
+    """``max_epochs=None`` at fit start, as Lightning resolves it: -1 (no epoch limit) when ``max_steps`` or a time
+    limit ends the run, else 1000 with a warning (a run without any limit is rarely meant)."""
+    if max_epochs is not None:
+        return max_epochs
+    if max_steps != -1 or has_timer:
+        return -1
+    rank_zero_warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
+                   "`max_epochs=-1`.")
+    return 1000
 
 
 def barebones_defaults(logger: Any, detect_anomaly: bool) -> tuple[bool, bool, bool, bool]:

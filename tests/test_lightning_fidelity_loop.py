@@ -171,3 +171,20 @@ def test_max_epochs_is_resolved_when_fit_starts():
         warnings.simplefilter("error", UserWarning)  # max_steps ends the run: no warning
         trainer.fit(BoringModel())
     assert trainer.max_epochs == -1
+
+
+@pytest.mark.parametrize(
+    "argument", [{"enable_checkpointing": True}, {"logger": True}, {"enable_progress_bar": True},
+                 {"enable_model_summary": True}, {"log_every_n_steps": 1}, {"num_sanity_val_steps": 1},
+                 {"fast_dev_run": True}],  # fmt: skip
+)
+def test_barebones_refuses_what_it_turns_off_when_passed_explicitly(argument):
+    (name, value), = argument.items()
+    with pytest.raises(ValueError, match=rf"`Trainer\(barebones=True, {name}={value!r}\)` was passed"):
+        Trainer(accelerator="cpu", barebones=True, **argument)
+    trainer = Trainer(accelerator="cpu", barebones=True)  # the defaults are fine: barebones turns them off
+    assert trainer.logger is None and not trainer.enable_checkpointing
+
+
+def test_barebones_still_accepts_the_values_it_would_set():
+    Trainer(accelerator="cpu", barebones=True, logger=False, enable_checkpointing=False, num_sanity_val_steps=0)

@@ -140,7 +140,13 @@ class Trainer:
             reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs, barebones=barebones,
         ))  # fmt: skip
         if barebones:
-            logger, enable_checkpointing, enable_progress_bar, enable_model_summary = barebones_defaults(logger, detect_anomaly)
+            passed = {name: value for name, value in (
+                ("enable_checkpointing", enable_checkpointing), ("logger", logger),
+                ("enable_progress_bar", enable_progress_bar), ("enable_model_summary", enable_model_summary),
+                ("log_every_n_steps", log_every_n_steps), ("num_sanity_val_steps", num_sanity_val_steps),
+                ("fast_dev_run", fast_dev_run)) if name in getattr(self, "_passed_arguments", ())}  # fmt: skip
+            logger, enable_checkpointing, enable_progress_bar, enable_model_summary = barebones_defaults(
+                logger, detect_anomaly, passed)
         for name, value in settings.items():
             setattr(self, name, value)
         self.use_distributed_sampler = bool(use_distributed_sampler)

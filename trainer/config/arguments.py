@@ -126,14 +126,24 @@ def resolve_max_epochs(max_epochs: Optional[int], max_steps: int, has_timer: boo
     return 1000
 
 
-def barebones_defaults(logger: Any, detect_anomaly: bool) -> tuple[bool, bool, bool, bool]:
+def barebones_defaults(logger: Any, detect_anomaly: bool,
+                       passed: Optional[dict[str, Any]] = None) -> tuple[bool, bool, bool, bool]:
     """``barebones=True``: no logger, checkpointing, progress bar or model summary (``logger``,
     ``enable_checkpointing``, ``enable_progress_bar``, ``enable_model_summary``); a logger passed explicitly or
-    ``detect_anomaly=True`` contradicts it."""
+    ``detect_anomaly=True`` contradicts it, as does any of ``passed`` (the arguments the caller gave explicitly)
+    that turns back on what barebones turns off, as Lightning refuses."""
     if logger not in (True, False, None):
         raise ConfigurationError(
             f"barebones=True runs without loggers, but logger={logger!r} was passed. Drop one of the two."
         )
+    for name in ("enable_checkpointing", "logger", "enable_progress_bar", "enable_model_summary", "log_every_n_steps",
+                 "num_sanity_val_steps", "fast_dev_run"):  # fmt: skip
+        value = (passed or {}).get(name)
+        if value is not None and value is not False and value != 0:
+            raise ConfigurationError(
+                f"`Trainer(barebones=True, {name}={value!r})` was passed. barebones=True measures the bare loop, "
+                f"so it turns {name} off: drop {name}={value!r} or barebones=True."
+            )
     if detect_anomaly:
         raise ConfigurationError("barebones=True measures the bare loop; detect_anomaly=True contradicts it.")
     return False, False, False, False

@@ -55,6 +55,9 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
         if any(key.startswith(prefix) for key in os.environ):
             explicit = signature.bind_partial(self, *args, **kwargs).arguments
             kwargs.update(env_defaults(prefix, [name for name in accepted if name not in explicit]))
+        # The arguments the caller passed (defaults aside), for checks where passing a default value explicitly
+        # differs from leaving it out (barebones=True with enable_checkpointing=True).
+        self._passed_arguments = frozenset(signature.bind_partial(self, *args, **kwargs).arguments) - {"self"}
         if (ENV_CONFIG in os.environ or ENV_ARGS in os.environ) and not arguments_resolved():
             from trainer.config.yaml_config import instantiate, trainer_settings
 

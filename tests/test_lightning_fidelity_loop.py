@@ -188,3 +188,14 @@ def test_barebones_refuses_what_it_turns_off_when_passed_explicitly(argument):
 
 def test_barebones_still_accepts_the_values_it_would_set():
     Trainer(accelerator="cpu", barebones=True, logger=False, enable_checkpointing=False, num_sanity_val_steps=0)
+
+
+def test_predict_step_returning_none_warns_once():
+    class Model(BoringModel):
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return None if batch_idx % 2 else self(batch)
+
+    with pytest.warns(UserWarning, match="predict returned None") as record:
+        predictions = quiet(limit_predict_batches=4).predict(Model())
+    assert sum("predict returned None" in str(w.message) for w in record) == 1
+    assert predictions[1] is None and predictions[0].shape == (1, 2)

@@ -1,6 +1,7 @@
 """Validation and test epochs (hook order in :mod:`trainer.loops.fit_loop`), and prediction."""
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -142,6 +143,7 @@ class PredictionLoop:
         arity = step_arity(module.predict_step, several)
         iterator_style = takes_dataloader_iter(module.predict_step)
         all_outputs: list[list[Any]] = []
+        warned_none = False
         with evaluation_grad_mode(trainer):
             call_hook("on_predict_start")
             call_hook("on_predict_epoch_start")
@@ -169,6 +171,11 @@ class PredictionLoop:
                     call_hook("on_predict_batch_start", batch, batch_idx, dataloader_idx)
                     args = (batch, batch_idx, dataloader_idx)[:arity]
                     prediction = strategy.evaluation_step("predict_step", *args)
+                    if prediction is None and not warned_none:  # once per run, as Lightning
+                        warned_none = True
+                        warnings.warn(f"predict returned None (predict_step of batch {batch_idx}); if it was on "
+                                      "purpose, ignore this warning. The predictions list holds None there.",
+                                      UserWarning, stacklevel=2)  # fmt: skip
                     call_hook("on_predict_batch_end", prediction, batch, batch_idx, dataloader_idx)
                     if return_predictions:
                         outputs.append(prediction)

@@ -109,7 +109,7 @@ def _with_optimizers(value):
                     "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o)},
          r"ReduceLROnPlateau needs a metric to monitor"),
         (lambda m: [torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.Adam(m.parameters())],
-         r"returned 2 optimizers.*automatic_optimization = False"),
+         r"returned 2 optimizers.*only supported with manual optimization.*automatic_optimization = False"),
     ],
 )
 def test_configure_optimizers_returning_something_unusable(value, pattern):

@@ -199,3 +199,20 @@ def test_predict_step_returning_none_warns_once():
         predictions = quiet(limit_predict_batches=4).predict(Model())
     assert sum("predict returned None" in str(w.message) for w in record) == 1
     assert predictions[1] is None and predictions[0].shape == (1, 2)
+
+
+def test_what_automatic_optimisation_cannot_do_is_the_runtime_error_lightning_raises():
+    class TakesOptimizerIdx(BoringModel):
+        def training_step(self, batch, batch_idx, optimizer_idx):
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(RuntimeError, match="Remove the `optimizer_idx` argument from `training_step`") as error:
+        quiet(max_steps=1).fit(TakesOptimizerIdx())
+    assert isinstance(error.value, ConfigurationError)
+
+    class TwoOptimizers(BoringModel):
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters()), torch.optim.Adam(self.parameters())
+
+    with pytest.raises(RuntimeError, match="multiple optimizers is only supported with manual optimization"):
+        quiet(max_steps=1).fit(TwoOptimizers())

@@ -6,6 +6,7 @@ precision and collectives live in the Strategy; checkpoint contents in :mod:`tra
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
 import signal
@@ -22,7 +23,7 @@ from trainer.strategies.accelerators import Accelerator, accelerator_for
 from trainer.strategies.connector import build_strategy
 from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
 from trainer.strategies.speed.compile import check_compile
-from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.errors import AutomaticOptimizationError, ConfigurationError
 from trainer.strategies.rank import rank_zero_warn
 from trainer.strategies.strategy import Strategy
 from trainer.data import loaders as data_utils
@@ -557,10 +558,17 @@ class Trainer:
             for config in schedulers:
                 config.step_fn = model.lr_scheduler_step
         if model.automatic_optimization:
+            if "optimizer_idx" in inspect.signature(model.training_step).parameters:
+                raise AutomaticOptimizationError(
+                    "training_step takes optimizer_idx, which automatic optimisation never passes (Lightning 1.x's "
+                    "multiple-optimizer loop). Remove the `optimizer_idx` argument from `training_step`; to step "
+                    "several optimizers, set self.automatic_optimization = False and step them in training_step."
+                )
             if len(self._optimizers) > 1:
-                raise ConfigurationError(
-                    f"configure_optimizers returned {len(self._optimizers)} optimizers. Automatic optimisation steps "
-                    "one; for several, set self.automatic_optimization = False and step them in training_step."
+                raise AutomaticOptimizationError(
+                    f"configure_optimizers returned {len(self._optimizers)} optimizers: training with multiple "
+                    "optimizers is only supported with manual optimization. Set self.automatic_optimization = False "
+                    "and step them in training_step."
                 )
             self._optimization: Any = AutomaticOptimization(self, self._optimizers[0] if self._optimizers else None)
             wrapper = self._optimization.wrapper

@@ -216,3 +216,37 @@ def test_what_automatic_optimisation_cannot_do_is_the_runtime_error_lightning_ra
 
     with pytest.raises(RuntimeError, match="multiple optimizers is only supported with manual optimization"):
         quiet(max_steps=1).fit(TwoOptimizers())
+
+
+def test_a_none_batch_skips_its_training_step_with_a_warning():
+    from torch.utils.data import DataLoader
+    from torch.utils.data._utils.collate import default_collate
+
+    from trainer.demos.boring_classes import RandomDataset
+
+    class Model(BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.counter = 0
+            self.outputs = []
+            self.started = []
+
+        def drop_even(self, batch):
+            self.counter += 1
+            return None if self.counter % 2 else default_collate(batch)
+
+        def train_dataloader(self):
+            return DataLoader(RandomDataset(32, 4), collate_fn=self.drop_even)
+
+        def on_train_batch_start(self, batch, batch_idx):
+            self.started.append(batch_idx)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            self.outputs.append(outputs)
+
+    model = Model()
+    trainer = quiet(max_epochs=1, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="train_dataloader yielded None"):
+        trainer.fit(model)
+    assert [o is None for o in model.outputs] == [True, False, True, False]
+    assert model.started == [1, 3] and trainer.global_step == 2

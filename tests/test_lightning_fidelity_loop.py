@@ -250,3 +250,39 @@ def test_a_none_batch_skips_its_training_step_with_a_warning():
         trainer.fit(model)
     assert [o is None for o in model.outputs] == [True, False, True, False]
     assert model.started == [1, 3] and trainer.global_step == 2
+
+
+def test_toggle_optimizer_inside_a_compiled_function_runs_eagerly():
+    """toggle/untoggle flip ``requires_grad``, which Dynamo cannot trace: they run outside the compiled graph."""
+    from torch import nn
+
+    class Gan(BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.other = nn.Linear(32, 2)
+            self.frozen_during_step = []
+
+            def step(batch, opt):
+                self.toggle_optimizer(opt)
+                self.frozen_during_step.append(not self.other.weight.requires_grad)
+                loss = self.layer(batch).sum()
+                self.untoggle_optimizer(opt)
+                return loss
+
+            self.compiled_step = torch.compile(step, backend="eager")
+
+        def training_step(self, batch, batch_idx):
+            opt_a, _ = self.optimizers()
+            loss = self.compiled_step(batch, opt_a)
+            self.manual_backward(loss)
+            opt_a.step()
+            opt_a.zero_grad()
+
+        def configure_optimizers(self):
+            return (torch.optim.SGD(self.layer.parameters(), lr=0.1), torch.optim.SGD(self.other.parameters(), lr=0.1))
+
+    model = Gan()
+    quiet(max_steps=2, limit_val_batches=0).fit(model)
+    assert model.frozen_during_step == [True, True]
+    assert model.other.weight.requires_grad  # untoggled after each step

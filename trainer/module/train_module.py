@@ -475,6 +475,7 @@ class TrainModule(nn.Module):
         trainer.strategy.backward(loss, *args, **kwargs)
         trainer._call_hook("on_after_backward")
 
+    @torch.compiler.disable  # it flips requires_grad, which Dynamo cannot trace (a compiled step graph-breaks here)
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Compute gradients only for ``optimizer``'s parameters until :meth:`untoggle_optimizer` (e.g. a GAN's
         generator step): the parameters only the other optimizers hold get ``requires_grad=False``."""
@@ -482,6 +483,7 @@ class TrainModule(nn.Module):
 
         self.__dict__["_toggled_requires_grad"] = toggle(optimizer, self.trainer.optimizers)
 
+    @torch.compiler.disable
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Undo :meth:`toggle_optimizer`: every ``requires_grad`` flag is as it was before the toggle."""
         from trainer.module.optimizer_toggle import untoggle

@@ -286,3 +286,29 @@ def test_toggle_optimizer_inside_a_compiled_function_runs_eagerly():
     quiet(max_steps=2, limit_val_batches=0).fit(model)
     assert model.frozen_during_step == [True, True]
     assert model.other.weight.requires_grad  # untoggled after each step
+
+
+def test_self_optimizers_is_an_instance_of_the_optimizer_class():
+    import pickle
+
+    from trainer.core.optimizer import LightningOptimizer
+
+    class Model(BoringModel):
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    model = Model()
+    quiet(max_steps=1, limit_val_batches=0).fit(model)
+    optimizer = model.optimizers()
+    assert isinstance(optimizer, torch.optim.Adam) and isinstance(optimizer, LightningOptimizer)
+    assert str(optimizer) == "Lightning" + str(optimizer.optimizer)  # "LightningAdam (...)", as Lightning prints it
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)  # accepted: it is an Optimizer
+    scheduler.step()
+    assert optimizer.optimizer.param_groups[0]["lr"] == 0.005
+
+    by_hand = LightningOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))  # wraps any optimizer
+    state = by_hand.state_dict()
+    state["param_groups"][0]["lr"] = 1.0
+    by_hand.load_state_dict(state)  # reaches the torch optimizer, not a copy on the wrapper
+    assert by_hand.optimizer.param_groups[0]["lr"] == 1.0 == by_hand.param_groups[0]["lr"]
+    assert pickle.loads(pickle.dumps(by_hand)).param_groups[0]["lr"] == 1.0

@@ -312,3 +312,32 @@ def test_self_optimizers_is_an_instance_of_the_optimizer_class():
     by_hand.load_state_dict(state)  # reaches the torch optimizer, not a copy on the wrapper
     assert by_hand.optimizer.param_groups[0]["lr"] == 1.0 == by_hand.param_groups[0]["lr"]
     assert pickle.loads(pickle.dumps(by_hand)).param_groups[0]["lr"] == 1.0
+
+
+def test_is_overridden_answers_as_the_trainer_decides():
+    from functools import partial, update_wrapper
+
+    from trainer import Callback
+    from trainer.utilities.model_helpers import is_overridden
+
+    class Model(BoringModel):
+        def on_train_start(self):
+            pass
+
+    model = Model()
+    assert is_overridden("training_step", model) and is_overridden("on_train_start", model)
+    assert not is_overridden("on_train_end", model) and not is_overridden("training_step", None)
+    wrapped = partial(lambda fn: fn(), model.on_train_end)
+    update_wrapper(wrapped, model.on_train_end)
+    model.on_train_end = wrapped  # a recording wrapper around the inherited hook: still not an override
+    assert not is_overridden("on_train_end", model)
+    model.validation_step = None  # Lightning's way to switch a stage off
+    assert not is_overridden("validation_step", model)
+
+    class Watch(Callback):
+        def on_fit_start(self, trainer, pl_module):
+            pass
+
+    assert is_overridden("on_fit_start", Watch()) and not is_overridden("on_fit_end", Watch())
+    with pytest.raises(ConfigurationError, match="needs parent="):
+        is_overridden("forward", torch.nn.Linear(1, 1))

@@ -120,7 +120,7 @@ LIGHTNING_PUBLIC_NAMES = (
     "core.LightningModule", "core.LightningDataModule", "core.optimizer.LightningOptimizer", "cli.LightningCLI",
     "core.module.LightningModule", "core.datamodule.LightningDataModule", "trainer.trainer.Trainer",
     "trainer.states.TrainerFn", "trainer.states.RunningStage", "trainer.states.TrainerStatus",
-    "trainer.states.TrainerState", "utilities.combined_loader.CombinedLoader",
+    "trainer.states.TrainerState", "utilities.combined_loader.CombinedLoader", "utilities.model_helpers.is_overridden",
     "tuner.Tuner",
     *(f"callbacks.{name}" for name in (
         "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback", "Checkpoint",

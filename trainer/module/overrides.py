@@ -20,10 +20,20 @@ def _unwrapped(fn: Any) -> Any:
 
 
 def overrides(obj: Any, base: type, name: str) -> bool:
-    """True when ``type(obj)`` (or the instance itself) defines ``name`` differently from ``base``. An instance
-    attribute set to ``None`` (Lightning's ``model.validation_step = None``) switches the method off: False. An
-    instance attribute that only wraps the inherited method (``functools.partial``/``wraps`` around it, as a
-    recording or profiling wrapper does) is not an override, as in Lightning."""
+    """True when ``type(obj)`` (or the instance itself) defines ``name`` differently from ``base``: what the Trainer
+    calls. An instance attribute counts (a recording or profiling wrapper set on the instance is called, as Lightning
+    calls every hook); one set to ``None`` (Lightning's ``model.validation_step = None``) switches the method off."""
+    own = getattr(obj, "__dict__", {})
+    if name in own:
+        return own[name] is not None
+    impl = getattr(type(obj), name, None)
+    return impl is not None and impl is not getattr(base, name, None)
+
+
+def implements(obj: Any, base: type, name: str) -> bool:
+    """Lightning's ``is_overridden``: like :func:`overrides`, except that an instance attribute that only wraps the
+    inherited method (``functools.partial``/``wraps`` around it) is not an implementation. Used where Lightning asks
+    it to choose between two implementations (a DataModule's batch-transfer hooks or the module's)."""
     own = getattr(obj, "__dict__", {})
     if name in own:
         if own[name] is None:
@@ -31,5 +41,4 @@ def overrides(obj: Any, base: type, name: str) -> bool:
         code = getattr(_unwrapped(own[name]), "__code__", None)
         base_code = getattr(_unwrapped(getattr(base, name, None)), "__code__", None)
         return code is None or base_code is None or code is not base_code
-    impl = getattr(type(obj), name, None)
-    return impl is not None and impl is not getattr(base, name, None)
+    return overrides(obj, base, name)

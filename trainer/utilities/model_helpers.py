@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from trainer.callbacks.callback import Callback
 from trainer.module.datamodule import DataModule
-from trainer.module.overrides import overrides
+from trainer.module.overrides import implements
 from trainer.module.train_module import TrainModule
 from trainer.strategies.errors import ConfigurationError
 
@@ -27,7 +27,7 @@ def is_overridden(method_name: str, instance: Optional[object] = None, parent: O
             )
     if getattr(parent, method_name, None) is None:
         raise ConfigurationError(f"is_overridden: {parent.__name__} has no method {method_name!r} to override.")
-    return overrides(instance, parent, method_name)
+    return implements(instance, parent, method_name)
 
 
 __all__ = ["is_overridden"]

@@ -341,3 +341,51 @@ def test_is_overridden_answers_as_the_trainer_decides():
     assert is_overridden("on_fit_start", Watch()) and not is_overridden("on_fit_end", Watch())
     with pytest.raises(ConfigurationError, match="needs parent="):
         is_overridden("forward", torch.nn.Linear(1, 1))
+
+
+def test_eval_batch_hooks_written_without_dataloader_idx_work_with_one_loader():
+    seen = []
+
+    class Model(BoringModel):
+        def on_validation_batch_start(self, batch, batch_idx):  # Lightning's hooks default dataloader_idx
+            seen.append(("val", batch_idx))
+
+        def on_test_batch_end(self, outputs, batch, batch_idx):
+            seen.append(("test", batch_idx))
+
+        def on_predict_batch_start(self, batch, batch_idx):
+            seen.append(("predict", batch_idx))
+
+    trainer = quiet(limit_val_batches=1, limit_test_batches=1, limit_predict_batches=1)
+    model = Model()
+    trainer.validate(model)
+    trainer.test(model)
+    trainer.predict(model)
+    assert seen == [("val", 0), ("test", 0), ("predict", 0)]
+
+
+def test_a_stage_limited_to_zero_batches_requests_no_loader_and_runs_no_loop():
+    calls = []
+
+    class Model(BoringModel):
+        def test_dataloader(self):
+            calls.append("test_dataloader")
+            return super().test_dataloader()
+
+        def on_test_start(self):
+            calls.append("on_test_start")
+
+    assert quiet(limit_test_batches=0).test(Model()) == [] and calls == []
+
+
+def test_every_stage_starts_without_gradients():
+    grads = []
+
+    class Model(BoringModel):
+        def on_validation_start(self):
+            grads.append(self.layer.weight.grad)
+
+    model = Model()
+    model.layer.weight.grad = torch.ones_like(model.layer.weight)  # left over from the user's own code
+    quiet(limit_val_batches=1).validate(model)
+    assert grads == [None]

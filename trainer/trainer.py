@@ -330,6 +330,7 @@ class Trainer:
             trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
             warn_modules_in_eval_mode(model)  # each submodule keeps its own mode, as in Lightning
             self._call_hook("on_fit_start")
+            model.zero_grad()  # every stage starts without gradients, as in Lightning
             if self.enable_autolog_hparams:
                 self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses
@@ -360,10 +361,14 @@ class Trainer:
             self._setup_module(model)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
+            model.zero_grad()  # every stage starts without gradients, as in Lightning
+            limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
+            if limit == 0:  # the stage is off, as in Lightning: no loader requested, no loop hooks, no results
+                self._metrics.finalize("success")
+                return []
             # The loaders are requested after the module's set-up and restore, as Lightning requests them.
             source = "val_dataloader" if stage == "validate" else "test_dataloader"
             loaders = self._eval_loaders(dataloaders, datamodule, model, source, f"{stage}(dataloaders=...)")
-            limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
             limits = [data_utils.limited_batches(dl, limit, f"limit_{'val' if stage == 'validate' else 'test'}_batches")
                       for dl in loaders]  # fmt: skip
             self._eval_data[stage] = (loaders, limits, self._eval_given)
@@ -381,6 +386,9 @@ class Trainer:
             self._setup_module(model)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
+            model.zero_grad()
+            if self.limit_predict_batches == 0:  # the stage is off, as in Lightning
+                return [] if return_predictions else None
             loaders = self._eval_loaders(dataloaders, datamodule, model, "predict_dataloader", "predict(dataloaders=...)")
             limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
             self._eval_data["predict"] = (loaders, limits, self._eval_given)

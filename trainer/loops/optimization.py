@@ -9,7 +9,7 @@ from torch.optim import Optimizer
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.strategy import Strategy
-from trainer.module.overrides import overrides
+from trainer.module.overrides import implements, overrides
 from trainer.module.train_module import TrainModule
 from trainer.loops.optimizers import step_schedulers
 from trainer.loops.skip_agreement import agree_on_skip, can_return_none
@@ -127,7 +127,7 @@ class AutomaticOptimization:
         self.keeps_gradients = self.zero_before_backward
         self.last_loss: Optional[Tensor] = None
         # The module's backward_context() (e.g. loss_parallel()), entered around forward and backward; None if not given.
-        self.backward_context = module.backward_context if overrides(module, TrainModule, "backward_context") else None
+        self.backward_context = module.backward_context if implements(module, TrainModule, "backward_context") else None
         # Nothing between training_step and the torch calls would act: no hook of the step, clipping, custom step,
         # scheduler stepped per step, or strategy/precision layer (see Strategy.plain_steps).
         self.plain = (
@@ -411,7 +411,7 @@ class ManualOptimization:
         #: The user clears the gradients: fit releases them before validating.
         self.keeps_gradients = True
         module = trainer.module
-        self.backward_context = module.backward_context if overrides(module, TrainModule, "backward_context") else None
+        self.backward_context = module.backward_context if implements(module, TrainModule, "backward_context") else None
 
     def runner(self, accumulate: int) -> Callable[[Any, int, bool], Any]:
         """The step function for an epoch (the user steps, so accumulation changes nothing here)."""

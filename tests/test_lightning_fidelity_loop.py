@@ -389,3 +389,10 @@ def test_every_stage_starts_without_gradients():
     model.layer.weight.grad = torch.ones_like(model.layer.weight)  # left over from the user's own code
     quiet(limit_val_batches=1).validate(model)
     assert grads == [None]
+
+
+def test_default_root_dir_expands_the_home_folder():
+    from pathlib import Path
+
+    assert quiet(default_root_dir="~/runs").default_root_dir == str(Path.home() / "runs")
+    assert quiet(default_root_dir=Path("~/runs")).default_root_dir == str(Path.home() / "runs")

@@ -85,7 +85,8 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     root = args["default_root_dir"]
     _require(root is None or isinstance(root, (str, os.PathLike)),
              f"default_root_dir={root!r} must be a path (str or os.PathLike) or None.")
-    out["default_root_dir"] = root.rstrip("/") if is_remote(root) else str(Path(root if root is not None else os.getcwd()))
+    out["default_root_dir"] = (root.rstrip("/") if is_remote(root)  # "~" is the home folder, as in Lightning
+                               else str(Path(root if root is not None else os.getcwd()).expanduser()))  # fmt: skip
 
     overfit = out["overfit_batches"] = validate_limit("overfit_batches", args["overfit_batches"])
     fast = args["fast_dev_run"]

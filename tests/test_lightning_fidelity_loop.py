@@ -396,3 +396,24 @@ def test_default_root_dir_expands_the_home_folder():
 
     assert quiet(default_root_dir="~/runs").default_root_dir == str(Path.home() / "runs")
     assert quiet(default_root_dir=Path("~/runs")).default_root_dir == str(Path.home() / "runs")
+
+
+def test_lr_scheduler_configs_compare_with_lightnings_dataclass():
+    from trainer.utilities.types import LRSchedulerConfig
+
+    class Model(BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("foo", out["loss"])
+            return out
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "foo"}}
+
+    trainer = quiet(max_steps=2, limit_val_batches=0)
+    trainer.fit(Model())
+    config = trainer.lr_scheduler_configs[0]
+    assert config == LRSchedulerConfig(scheduler=config.scheduler, monitor="foo", interval="epoch", frequency=1,
+                                       reduce_on_plateau=True, strict=True, name=None)  # fmt: skip

@@ -149,7 +149,7 @@ LIGHTNING_PUBLIC_NAMES = (
         "is_shared_filesystem", "suggested_max_num_workers")),
     "utilities.exceptions.MisconfigurationException", "utilities.types.STEP_OUTPUT",
     "utilities.types.OptimizerLRScheduler", "utilities.types.TRAIN_DATALOADERS", "utilities.types.EVAL_DATALOADERS",
-    "utilities.types.LRSchedulerTypeUnion",
+    "utilities.types.LRSchedulerTypeUnion", "utilities.types.LRSchedulerConfig",
     *(f"demos.boring_classes.{name}" for name in (
         "BoringModel", "BoringDataModule", "BoringDataModuleNoLen", "IterableBoringDataModule",
         "ManualOptimBoringModel", "DemoModel", "Net", "RandomDataset", "RandomDictDataset", "RandomIterableDataset",

@@ -417,3 +417,31 @@ def test_lr_scheduler_configs_compare_with_lightnings_dataclass():
     config = trainer.lr_scheduler_configs[0]
     assert config == LRSchedulerConfig(scheduler=config.scheduler, monitor="foo", interval="epoch", frequency=1,
                                        reduce_on_plateau=True, strict=True, name=None)  # fmt: skip
+
+
+def test_test_without_a_model_after_fit_evaluates_the_best_checkpoint(tmp_path):
+    from trainer.callbacks import ModelCheckpoint
+
+    class Model(BoringModel):
+        def validation_step(self, batch, batch_idx):
+            out = super().validation_step(batch, batch_idx)
+            self.log("score", float(self.current_epoch))  # epoch 0 is the best (lowest)
+            return out
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="score", save_top_k=1)
+    trainer = Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=2, limit_val_batches=1, logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[checkpoint])  # fmt: skip
+    model = Model()
+    trainer.fit(model)
+    with pytest.warns(UserWarning, match="The best model of the previous `fit` call will be used"):
+        trainer.test()
+    assert trainer.ckpt_path == checkpoint.best_model_path and "epoch=0" in checkpoint.best_model_path
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        trainer.test(model)  # a model passed: its weights as they are, no warning
+    assert trainer.ckpt_path is None
+
+    unsaved = quiet(max_steps=1, limit_val_batches=0)
+    unsaved.fit(BoringModel())
+    with pytest.raises(ValueError, match="best"):  # nothing saved to evaluate: said, not silently the last weights
+        unsaved.test()

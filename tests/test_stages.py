@@ -161,7 +161,7 @@ def test_datamodule_provides_data_and_its_state_is_checkpointed(tmp_path):
     assert trainer.global_step == 4 and "val_loss" in trainer.callback_metrics
     trainer.save_checkpoint(tmp_path / "dm.ckpt")
     assert torch.load(tmp_path / "dm.ckpt", weights_only=True)["CountingData"] == {"calls": 3}  # its __qualname__, as Lightning
-    assert "test_loss" in trainer.test(datamodule=data, verbose=False)[0]
+    assert "test_loss" in trainer.test(Regressor(), datamodule=data, verbose=False)[0]
     # a DataModule passed positionally works like Lightning
     quiet_trainer(max_epochs=1).fit(Regressor(), CountingData())
 

@@ -285,6 +285,7 @@ class Trainer:
         """Run ``predict_step`` over the data; returns the outputs (one list per dataloader if several)."""
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
+        ckpt_path = self._ckpt_path_without_model("predict", model, ckpt_path)
         model = self._model_or_fitted(model, "predict")
         return self._launch(self._predict_impl, model, dataloaders, datamodule, return_predictions, ckpt_path)
 
@@ -349,6 +350,7 @@ class Trainer:
                   datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
+        ckpt_path = self._ckpt_path_without_model(stage, model, ckpt_path)
         model = self._model_or_fitted(model, stage)
         step = "validation_step" if stage == "validate" else "test_step"
         if not overrides(model, TrainModule, step):
@@ -359,6 +361,7 @@ class Trainer:
                        datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
         with self._stage(stage, model, datamodule):
             self._setup_module(model)
+            self.ckpt_path = None  # the checkpoint this stage restores, if any (Lightning's trainer.ckpt_path)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
             model.zero_grad()  # every stage starts without gradients, as in Lightning
@@ -384,6 +387,7 @@ class Trainer:
                       return_predictions: bool, ckpt_path: Any) -> Any:  # fmt: skip
         with self._stage("predict", model, datamodule):
             self._setup_module(model)
+            self.ckpt_path = None  # the checkpoint this stage restores, if any (Lightning's trainer.ckpt_path)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
             model.zero_grad()
@@ -452,6 +456,17 @@ class Trainer:
                 f"{stage}() needs a TrainModule; got {type(model).__name__}. Subclass trainer.TrainModule "
                 "(a torch.nn.Module with training_step and configure_optimizers)."
             )
+
+    def _ckpt_path_without_model(self, stage: str, model: Optional[TrainModule], ckpt_path: Any) -> Any:
+        """As Lightning: ``trainer.test()`` with neither a model nor ``ckpt_path`` after ``fit`` evaluates the best
+        checkpoint of that fit (``ckpt_path="best"``), with a warning saying so; an error if none was saved."""
+        if model is not None or ckpt_path is not None or self.module is None:
+            return ckpt_path
+        rank_zero_warn(f"`.{stage}(ckpt_path=None)` was called without a model. The best model of the previous `fit` "
+                       f"call will be used. You can pass `.{stage}(ckpt_path='best')` to use the best model or "
+                       f"`.{stage}(ckpt_path='last')` to use the last model, or pass the model to evaluate its "
+                       "weights as they are. If you pass a value, this warning will be silenced.")  # fmt: skip
+        return "best"
 
     def _model_or_fitted(self, model: Optional[TrainModule], stage: str) -> TrainModule:
         if model is None:

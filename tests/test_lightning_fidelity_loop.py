@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from trainer import Trainer
+from trainer import Callback, Trainer
 from trainer.callbacks import EarlyStopping
 from trainer.demos.boring_classes import BoringModel
 from trainer.strategies import ConfigurationError
@@ -445,3 +445,26 @@ def test_test_without_a_model_after_fit_evaluates_the_best_checkpoint(tmp_path):
     unsaved.fit(BoringModel())
     with pytest.raises(ValueError, match="best"):  # nothing saved to evaluate: said, not silently the last weights
         unsaved.test()
+
+
+class _FailsInTraining(BoringModel):
+    def training_step(self, batch, batch_idx):
+        raise RuntimeError("Error during train")
+
+
+class _ExceptionCounter(Callback):
+    def __init__(self):
+        self.exceptions = 0
+
+    def on_exception(self, trainer, pl_module, exception):
+        self.exceptions += 1
+
+
+def test_ddp_spawn_failure_reaches_the_callers_callbacks():
+    """ddp_spawn runs the stage on copies of the Trainer in new processes; the Trainer's own callbacks in the
+    launching process hear of the failure (on_exception), as in Lightning. One CPU process, spawned for real."""
+    counter = _ExceptionCounter()
+    trainer = quiet(strategy="ddp_spawn", devices=1, fast_dev_run=True, callbacks=[counter])
+    with pytest.raises(Exception, match="Error during train"):
+        trainer.fit(_FailsInTraining())
+    assert counter.exceptions == 1

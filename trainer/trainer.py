@@ -311,7 +311,18 @@ class Trainer:
             return fn(*args)
         if launcher.runs_in_caller:
             return launcher.launch(fn, *args)
-        return run_spawned(self, launcher, fn, *args)
+        try:
+            return run_spawned(self, launcher, fn, *args)
+        except BaseException as exc:
+            # The ranks ran on copies: the caller's own callbacks (and datamodule) hear of the failure too, as
+            # Lightning calls on_exception in the launching process.
+            module = next((arg for arg in args if isinstance(arg, TrainModule)), None)
+            for callback in self.callbacks:
+                callback.on_exception(self, module, exc)
+            datamodule = next((arg for arg in args if isinstance(arg, DataModule)), None)
+            if datamodule is not None:
+                datamodule.on_exception(exc)
+            raise
 
     def _fit_impl(self, model: TrainModule, train_dataloaders: Any, val_dataloaders: Any,
                   datamodule: Optional[DataModule], ckpt_path: Any) -> None:  # fmt: skip

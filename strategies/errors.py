@@ -10,6 +10,12 @@ class ConfigurationError(ValueError, TypeError):
     """
 
 
+class AutomaticOptimizationError(ConfigurationError, RuntimeError):
+    """What automatic optimisation cannot do (several optimizers, a ``training_step`` taking ``optimizer_idx``):
+    a ``ConfigurationError`` that is also the ``RuntimeError`` Lightning raises there, so ported ``except`` clauses
+    and tests keep catching it."""
+
+
 class RankFailedError(RuntimeError):
     """Another process of a multi-process job failed, so this one stopped too.
 

@@ -99,7 +99,7 @@ def _with_optimizers(value):
     "value, pattern",
     [
         (42, r"configure_optimizers returned int 42.*must return one of"),
-        ({"lr": 0.1}, r"unknown key\(s\) \['lr'\]"),
+        ({"lr": 0.1}, r"without a usable 'optimizer'"),
         (lambda m: {"optimizer": torch.optim.SGD(m.parameters(), lr=0.1), "lr_scheduler": "cosine"},
          r"str is not an LR scheduler"),
         (lambda m: {"optimizer": (o := torch.optim.SGD(m.parameters(), lr=0.1)),
@@ -109,7 +109,7 @@ def _with_optimizers(value):
                     "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o)},
          r"ReduceLROnPlateau needs a metric to monitor"),
         (lambda m: [torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.Adam(m.parameters())],
-         r"returned 2 optimizers.*automatic_optimization = False"),
+         r"returned 2 optimizers.*only supported with manual optimization.*automatic_optimization = False"),
     ],
 )
 def test_configure_optimizers_returning_something_unusable(value, pattern):

@@ -118,6 +118,9 @@ def test_torch_sync_batchnorm_converts_and_reverts_and_is_a_plugin():
 LIGHTNING_PUBLIC_NAMES = (
     "Trainer", "LightningModule", "LightningDataModule", "Callback", "seed_everything",
     "core.LightningModule", "core.LightningDataModule", "core.optimizer.LightningOptimizer", "cli.LightningCLI",
+    "core.module.LightningModule", "core.datamodule.LightningDataModule", "trainer.trainer.Trainer",
+    "trainer.states.TrainerFn", "trainer.states.RunningStage", "trainer.states.TrainerStatus",
+    "trainer.states.TrainerState", "utilities.combined_loader.CombinedLoader", "utilities.model_helpers.is_overridden",
     "tuner.Tuner",
     *(f"callbacks.{name}" for name in (
         "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "BatchSizeFinder", "Callback", "Checkpoint",
@@ -146,7 +149,11 @@ LIGHTNING_PUBLIC_NAMES = (
         "is_shared_filesystem", "suggested_max_num_workers")),
     "utilities.exceptions.MisconfigurationException", "utilities.types.STEP_OUTPUT",
     "utilities.types.OptimizerLRScheduler", "utilities.types.TRAIN_DATALOADERS", "utilities.types.EVAL_DATALOADERS",
-    "utilities.types.LRSchedulerTypeUnion",
+    "utilities.types.LRSchedulerTypeUnion", "utilities.types.LRSchedulerConfig",
+    *(f"demos.boring_classes.{name}" for name in (
+        "BoringModel", "BoringDataModule", "BoringDataModuleNoLen", "IterableBoringDataModule",
+        "ManualOptimBoringModel", "DemoModel", "Net", "RandomDataset", "RandomDictDataset", "RandomIterableDataset",
+        "RandomIterableDatasetWithLen")),
 )  # fmt: skip
 
 

@@ -161,7 +161,7 @@ def test_datamodule_provides_data_and_its_state_is_checkpointed(tmp_path):
     assert trainer.global_step == 4 and "val_loss" in trainer.callback_metrics
     trainer.save_checkpoint(tmp_path / "dm.ckpt")
     assert torch.load(tmp_path / "dm.ckpt", weights_only=True)["CountingData"] == {"calls": 3}  # its __qualname__, as Lightning
-    assert "test_loss" in trainer.test(datamodule=data, verbose=False)[0]
+    assert "test_loss" in trainer.test(Regressor(), datamodule=data, verbose=False)[0]
     # a DataModule passed positionally works like Lightning
     quiet_trainer(max_epochs=1).fit(Regressor(), CountingData())
 
@@ -239,8 +239,8 @@ def test_min_epochs_delays_a_stop_request():
 
     trainer = quiet_trainer(max_epochs=10, min_epochs=3, callbacks=[StopsAtOnce()], limit_val_batches=0)
     trainer.fit(Regressor(), loader(n=32, batch_size=8))
-    # ignored during epochs 0 and 1 (4 steps each); honoured after the first batch of the third epoch
-    assert trainer.current_epoch == 3 and trainer.global_step == 9
+    # ignored until 3 epochs are complete (4 steps each), then honoured at once, as in Lightning
+    assert trainer.current_epoch == 3 and trainer.global_step == 12
 
 
 def test_seed_makes_runs_reproducible_and_deterministic_flag_applies():

@@ -6,6 +6,7 @@ precision and collectives live in the Strategy; checkpoint contents in :mod:`tra
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
 import signal
@@ -22,7 +23,7 @@ from trainer.strategies.accelerators import Accelerator, accelerator_for
 from trainer.strategies.connector import build_strategy
 from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
 from trainer.strategies.speed.compile import check_compile
-from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.errors import AutomaticOptimizationError, ConfigurationError
 from trainer.strategies.rank import rank_zero_warn
 from trainer.strategies.strategy import Strategy
 from trainer.data import loaders as data_utils
@@ -31,7 +32,7 @@ from trainer.checkpoint.data_position import set_sampler_epoch
 from trainer.data.combined_loader import CombinedLoader
 from trainer.faults import slurm_requeue
 from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
-                                      checkpoints_last, validate_arguments, with_max_time)
+                                      checkpoints_last, resolve_max_epochs, validate_arguments, with_max_time)
 from trainer.checkpoint.connector import CheckpointConnector
 from trainer.module.datamodule import DataModule
 from trainer.data.distributed import balance_training_batches
@@ -140,7 +141,13 @@ class Trainer:
             reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs, barebones=barebones,
         ))  # fmt: skip
         if barebones:
-            logger, enable_checkpointing, enable_progress_bar, enable_model_summary = barebones_defaults(logger, detect_anomaly)
+            passed = {name: value for name, value in (
+                ("enable_checkpointing", enable_checkpointing), ("logger", logger),
+                ("enable_progress_bar", enable_progress_bar), ("enable_model_summary", enable_model_summary),
+                ("log_every_n_steps", log_every_n_steps), ("num_sanity_val_steps", num_sanity_val_steps),
+                ("fast_dev_run", fast_dev_run)) if name in getattr(self, "_passed_arguments", ())}  # fmt: skip
+            logger, enable_checkpointing, enable_progress_bar, enable_model_summary = barebones_defaults(
+                logger, detect_anomaly, passed)
         for name, value in settings.items():
             setattr(self, name, value)
         self.use_distributed_sampler = bool(use_distributed_sampler)
@@ -239,6 +246,10 @@ class Trainer:
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise ConfigurationError("fit(): pass either dataloaders or a datamodule, not both.")
         self._check_module(model, "fit")
+        from trainer.callbacks.timer import Timer
+
+        self.max_epochs = resolve_max_epochs(self.max_epochs, self.max_steps,
+                                             any(isinstance(c, Timer) for c in self.callbacks))  # fmt: skip
         self._launch(self._fit_impl, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
     def validate(
@@ -274,6 +285,7 @@ class Trainer:
         """Run ``predict_step`` over the data; returns the outputs (one list per dataloader if several)."""
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
+        ckpt_path = self._ckpt_path_without_model("predict", model, ckpt_path)
         model = self._model_or_fitted(model, "predict")
         return self._launch(self._predict_impl, model, dataloaders, datamodule, return_predictions, ckpt_path)
 
@@ -299,7 +311,18 @@ class Trainer:
             return fn(*args)
         if launcher.runs_in_caller:
             return launcher.launch(fn, *args)
-        return run_spawned(self, launcher, fn, *args)
+        try:
+            return run_spawned(self, launcher, fn, *args)
+        except BaseException as exc:
+            # The ranks ran on copies: the caller's own callbacks (and datamodule) hear of the failure too, as
+            # Lightning calls on_exception in the launching process.
+            module = next((arg for arg in args if isinstance(arg, TrainModule)), None)
+            for callback in self.callbacks:
+                callback.on_exception(self, module, exc)
+            datamodule = next((arg for arg in args if isinstance(arg, DataModule)), None)
+            if datamodule is not None:
+                datamodule.on_exception(exc)
+            raise
 
     def _fit_impl(self, model: TrainModule, train_dataloaders: Any, val_dataloaders: Any,
                   datamodule: Optional[DataModule], ckpt_path: Any) -> None:  # fmt: skip
@@ -319,6 +342,7 @@ class Trainer:
             trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
             warn_modules_in_eval_mode(model)  # each submodule keeps its own mode, as in Lightning
             self._call_hook("on_fit_start")
+            model.zero_grad()  # every stage starts without gradients, as in Lightning
             if self.enable_autolog_hparams:
                 self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses
@@ -337,6 +361,7 @@ class Trainer:
                   datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
+        ckpt_path = self._ckpt_path_without_model(stage, model, ckpt_path)
         model = self._model_or_fitted(model, stage)
         step = "validation_step" if stage == "validate" else "test_step"
         if not overrides(model, TrainModule, step):
@@ -347,12 +372,17 @@ class Trainer:
                        datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
         with self._stage(stage, model, datamodule):
             self._setup_module(model)
+            self.ckpt_path = None  # the checkpoint this stage restores, if any (Lightning's trainer.ckpt_path)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
+            model.zero_grad()  # every stage starts without gradients, as in Lightning
+            limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
+            if limit == 0:  # the stage is off, as in Lightning: no loader requested, no loop hooks, no results
+                self._metrics.finalize("success")
+                return []
             # The loaders are requested after the module's set-up and restore, as Lightning requests them.
             source = "val_dataloader" if stage == "validate" else "test_dataloader"
             loaders = self._eval_loaders(dataloaders, datamodule, model, source, f"{stage}(dataloaders=...)")
-            limit = self.limit_val_batches if stage == "validate" else self.limit_test_batches
             limits = [data_utils.limited_batches(dl, limit, f"limit_{'val' if stage == 'validate' else 'test'}_batches")
                       for dl in loaders]  # fmt: skip
             self._eval_data[stage] = (loaders, limits, self._eval_given)
@@ -368,8 +398,12 @@ class Trainer:
                       return_predictions: bool, ckpt_path: Any) -> Any:  # fmt: skip
         with self._stage("predict", model, datamodule):
             self._setup_module(model)
+            self.ckpt_path = None  # the checkpoint this stage restores, if any (Lightning's trainer.ckpt_path)
             if ckpt_path is not None:
                 self._checkpoint.restore_weights(ckpt_path)
+            model.zero_grad()
+            if self.limit_predict_batches == 0:  # the stage is off, as in Lightning
+                return [] if return_predictions else None
             loaders = self._eval_loaders(dataloaders, datamodule, model, "predict_dataloader", "predict(dataloaders=...)")
             limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
             self._eval_data["predict"] = (loaders, limits, self._eval_given)
@@ -433,6 +467,17 @@ class Trainer:
                 f"{stage}() needs a TrainModule; got {type(model).__name__}. Subclass trainer.TrainModule "
                 "(a torch.nn.Module with training_step and configure_optimizers)."
             )
+
+    def _ckpt_path_without_model(self, stage: str, model: Optional[TrainModule], ckpt_path: Any) -> Any:
+        """As Lightning: ``trainer.test()`` with neither a model nor ``ckpt_path`` after ``fit`` evaluates the best
+        checkpoint of that fit (``ckpt_path="best"``), with a warning saying so; an error if none was saved."""
+        if model is not None or ckpt_path is not None or self.module is None:
+            return ckpt_path
+        rank_zero_warn(f"`.{stage}(ckpt_path=None)` was called without a model. The best model of the previous `fit` "
+                       f"call will be used. You can pass `.{stage}(ckpt_path='best')` to use the best model or "
+                       f"`.{stage}(ckpt_path='last')` to use the last model, or pass the model to evaluate its "
+                       "weights as they are. If you pass a value, this warning will be silenced.")  # fmt: skip
+        return "best"
 
     def _model_or_fitted(self, model: Optional[TrainModule], stage: str) -> TrainModule:
         if model is None:
@@ -554,10 +599,17 @@ class Trainer:
             for config in schedulers:
                 config.step_fn = model.lr_scheduler_step
         if model.automatic_optimization:
+            if "optimizer_idx" in inspect.signature(model.training_step).parameters:
+                raise AutomaticOptimizationError(
+                    "training_step takes optimizer_idx, which automatic optimisation never passes (Lightning 1.x's "
+                    "multiple-optimizer loop). Remove the `optimizer_idx` argument from `training_step`; to step "
+                    "several optimizers, set self.automatic_optimization = False and step them in training_step."
+                )
             if len(self._optimizers) > 1:
-                raise ConfigurationError(
-                    f"configure_optimizers returned {len(self._optimizers)} optimizers. Automatic optimisation steps "
-                    "one; for several, set self.automatic_optimization = False and step them in training_step."
+                raise AutomaticOptimizationError(
+                    f"configure_optimizers returned {len(self._optimizers)} optimizers: training with multiple "
+                    "optimizers is only supported with manual optimization. Set self.automatic_optimization = False "
+                    "and step them in training_step."
                 )
             self._optimization: Any = AutomaticOptimization(self, self._optimizers[0] if self._optimizers else None)
             wrapper = self._optimization.wrapper
@@ -780,10 +832,13 @@ class Trainer:
         training loader is requested for it if fit has not yet)."""
         self._training_data()
         per_epoch = -(-self.num_training_batches // self.accumulate_grad_batches) if self.num_training_batches else 0
-        if self.max_epochs == -1:
+        max_epochs = self.max_epochs
+        if max_epochs is None:  # read before fit: the value fit will resolve to
+            max_epochs = -1 if self.max_steps != -1 else 1000
+        if max_epochs == -1:
             total = float("inf")
         else:
-            total = per_epoch * self.max_epochs
+            total = per_epoch * max_epochs
         if self.max_steps != -1:
             total = min(total, self.max_steps)
         return total

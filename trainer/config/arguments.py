@@ -15,7 +15,7 @@ import torch
 from trainer.callbacks.callback import Callback
 from trainer.loggers.logger import Logger
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.rank import rank_zero_info
+from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 from trainer.strategies.checkpoint.storage import is_remote
 from trainer.data.loaders import validate_limit
 
@@ -48,8 +48,6 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     reload_every = args["reload_dataloaders_every_n_epochs"]
     _require(_is_int(reload_every) and reload_every >= 0,
              f"reload_dataloaders_every_n_epochs={reload_every!r} must be an int >= 0 (0: never).")
-    if max_epochs is None:
-        out["max_epochs"] = -1 if max_steps != -1 else 1000
 
     check_accumulate_grad_batches(args["accumulate_grad_batches"])
     clip, algorithm = args["gradient_clip_val"], args["gradient_clip_algorithm"]
@@ -87,7 +85,8 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     root = args["default_root_dir"]
     _require(root is None or isinstance(root, (str, os.PathLike)),
              f"default_root_dir={root!r} must be a path (str or os.PathLike) or None.")
-    out["default_root_dir"] = root.rstrip("/") if is_remote(root) else str(Path(root if root is not None else os.getcwd()))
+    out["default_root_dir"] = (root.rstrip("/") if is_remote(root)  # "~" is the home folder, as in Lightning
+                               else str(Path(root if root is not None else os.getcwd()).expanduser()))  # fmt: skip
 
     overfit = out["overfit_batches"] = validate_limit("overfit_batches", args["overfit_batches"])
     fast = args["fast_dev_run"]
@@ -103,22 +102,49 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
         out.update(limit_train_batches=overfit, limit_val_batches=overfit)
     if not fast:  # an int 1 and a float 1.0 mean different things: say which one was meant, as Lightning does
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
-                     "val_check_interval"):  # fmt: skip
+                     "val_check_interval", "overfit_batches"):  # fmt: skip
             if _is_int(args[name]) and args[name] == 1:
                 what = {"limit_train_batches": "1 batch per epoch will be used",
                         "val_check_interval": "validation will run after every batch"}.get(name, "1 batch will be used")
                 rank_zero_info("`Trainer(%s=1)` was configured so %s.", name, what)
+            elif isinstance(args[name], float) and args[name] == 1.0:
+                what = {"limit_train_batches": "100% of the batches per epoch will be used",
+                        "val_check_interval": "validation will run at the end of the training epoch"
+                        }.get(name, "100% of the batches will be used")  # fmt: skip
+                rank_zero_info("`Trainer(%s=1.0)` was configured so %s.", name, what)
     return out
 
 
-def barebones_defaults(logger: Any, detect_anomaly: bool) -> tuple[bool, bool, bool, bool]:
+def resolve_max_epochs(max_epochs: Optional[int], max_steps: int, has_timer: bool) -> int:
+    """``max_epochs=None`` at fit start, as Lightning resolves it: -1 (no epoch limit) when ``max_steps`` or a time
+    limit ends the run, else 1000 with a warning (a run without any limit is rarely meant)."""
+    if max_epochs is not None:
+        return max_epochs
+    if max_steps != -1 or has_timer:
+        return -1
+    rank_zero_warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
+                   "`max_epochs=-1`.")
+    return 1000
+
+
+def barebones_defaults(logger: Any, detect_anomaly: bool,
+                       passed: Optional[dict[str, Any]] = None) -> tuple[bool, bool, bool, bool]:
     """``barebones=True``: no logger, checkpointing, progress bar or model summary (``logger``,
     ``enable_checkpointing``, ``enable_progress_bar``, ``enable_model_summary``); a logger passed explicitly or
-    ``detect_anomaly=True`` contradicts it."""
+    ``detect_anomaly=True`` contradicts it, as does any of ``passed`` (the arguments the caller gave explicitly)
+    that turns back on what barebones turns off, as Lightning refuses."""
     if logger not in (True, False, None):
         raise ConfigurationError(
             f"barebones=True runs without loggers, but logger={logger!r} was passed. Drop one of the two."
         )
+    for name in ("enable_checkpointing", "logger", "enable_progress_bar", "enable_model_summary", "log_every_n_steps",
+                 "num_sanity_val_steps", "fast_dev_run"):  # fmt: skip
+        value = (passed or {}).get(name)
+        if value is not None and value is not False and value != 0:
+            raise ConfigurationError(
+                f"`Trainer(barebones=True, {name}={value!r})` was passed. barebones=True measures the bare loop, "
+                f"so it turns {name} off: drop {name}={value!r} or barebones=True."
+            )
     if detect_anomaly:
         raise ConfigurationError("barebones=True measures the bare loop; detect_anomaly=True contradicts it.")
     return False, False, False, False

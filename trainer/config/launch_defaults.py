@@ -51,6 +51,13 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
         if not open_keywords and not accepted.issuperset(kwargs):
             _unknown_argument(type(self).__name__, kwargs, decorated_parameters[owner])
+        prefix = f"PL_{type(self).__name__.upper()}_"
+        if any(key.startswith(prefix) for key in os.environ):
+            explicit = signature.bind_partial(self, *args, **kwargs).arguments
+            kwargs.update(env_defaults(prefix, [name for name in accepted if name not in explicit]))
+        # The arguments the caller passed (defaults aside), for checks where passing a default value explicitly
+        # differs from leaving it out (barebones=True with enable_checkpointing=True).
+        self._passed_arguments = frozenset(signature.bind_partial(self, *args, **kwargs).arguments) - {"self"}
         if (ENV_CONFIG in os.environ or ENV_ARGS in os.environ) and not arguments_resolved():
             from trainer.config.yaml_config import instantiate, trainer_settings
 
@@ -75,6 +82,23 @@ def with_launch_defaults(init: Callable[..., None]) -> Callable[..., None]:
         init(self, *args, **kwargs)
 
     return wrapped
+
+
+def env_defaults(prefix: str, names: list[str]) -> dict[str, Any]:
+    """Lightning's ``PL_TRAINER_<ARGUMENT>`` variables (``PL_TRAINER_MAX_STEPS=7``): the value of each argument in
+    ``names`` (those the script did not pass) that has a non-empty variable, read as a Python literal where it is one
+    (``7``, ``False``, ``[0, 1]``) and as the string otherwise."""
+    import ast
+
+    found: dict[str, Any] = {}
+    for name in names:
+        raw = os.environ.get(prefix + name.upper())
+        if raw:
+            try:
+                found[name] = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                found[name] = raw
+    return found
 
 
 def _unknown_argument(owner: str, kwargs: dict[str, Any], valid: tuple[str, ...]) -> None:

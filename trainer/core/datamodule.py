@@ -1,7 +1,6 @@
-"""Lightning's ``pytorch_lightning.core.datamodule`` after the rename (``trainer.core.datamodule``): the data module
-base class, under our name and Lightning's (the rename turns ``LightningDataModule`` into ``DataModule``)."""
+"""``pytorch_lightning.core.datamodule`` after the rename: where ported code imports ``LightningDataModule`` from
+(our ``DataModule``; both names are exported, as the rename turns one into the other)."""
 from trainer.module.datamodule import DataModule
-
-LightningDataModule = DataModule
+from trainer.module.datamodule import DataModule as LightningDataModule
 
 __all__ = ["DataModule", "LightningDataModule"]

@@ -1,7 +1,6 @@
-"""Lightning's ``pytorch_lightning.core.module`` after the rename (``trainer.core.module``): the module base class,
-under our name and Lightning's (the rename turns ``LightningModule`` into ``TrainModule``; both import here)."""
+"""``pytorch_lightning.core.module`` after the rename: where ported code imports ``LightningModule`` from
+(our ``TrainModule``; both names are exported, as the rename turns one into the other)."""
 from trainer.module.train_module import TrainModule
-
-LightningModule = TrainModule
+from trainer.module.train_module import TrainModule as LightningModule
 
 __all__ = ["LightningModule", "TrainModule"]

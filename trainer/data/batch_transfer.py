@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from trainer.module.datamodule import DataModule
-from trainer.module.overrides import overrides
+from trainer.module.overrides import implements, overrides
 from trainer.module.train_module import TrainModule
 
 
 def _hook(trainer: Any, name: str) -> Optional[Callable[..., Any]]:
     """The datamodule's ``name`` where it overrides it, else the module's where it does, else ``None``."""
     datamodule = getattr(trainer, "datamodule", None)
-    if datamodule is not None and overrides(datamodule, DataModule, name):
+    if datamodule is not None and implements(datamodule, DataModule, name):  # Lightning's rule for the choice
         return getattr(datamodule, name)
     return getattr(trainer.module, name) if overrides(trainer.module, TrainModule, name) else None
 

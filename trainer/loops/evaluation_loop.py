@@ -1,6 +1,7 @@
 """Validation and test epochs (hook order in :mod:`trainer.loops.fit_loop`), and prediction."""
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -78,6 +79,9 @@ class EvaluationLoop:
                                            batch_start, batch_end)  # fmt: skip
                         continue
                     to_device = batch_mover(trainer, dataloader_idx)
+                    # As Lightning, the batch hooks get dataloader_idx only when there are several loaders (a hook
+                    # written as (batch, batch_idx) works with one).
+                    idx = (dataloader_idx,) if several else ()
                     batch_idx = 0
                     while batch_idx < limit:
                         batch = next(iterator, _END)
@@ -87,11 +91,11 @@ class EvaluationLoop:
                             batch = to_device(batch)
                         results.batch = batch  # its size is inferred only if a logged value needs it
                         if batch_start is not None:
-                            batch_start(batch, batch_idx, dataloader_idx)
+                            batch_start(batch, batch_idx, *idx)
                         args = (batch, batch_idx, dataloader_idx)[:arity]
                         outputs = strategy.evaluation_step(self.step_name, *args)
                         if batch_end is not None:
-                            batch_end(outputs, batch, batch_idx, dataloader_idx)
+                            batch_end(outputs, batch, batch_idx, *idx)
                         if log_to_loggers and results.has_step_values:
                             trainer._metrics.log_eval_step(results, results.dataloader_idx)
                         batch_idx += 1
@@ -142,6 +146,7 @@ class PredictionLoop:
         arity = step_arity(module.predict_step, several)
         iterator_style = takes_dataloader_iter(module.predict_step)
         all_outputs: list[list[Any]] = []
+        warned_none = False
         with evaluation_grad_mode(trainer):
             call_hook("on_predict_start")
             call_hook("on_predict_epoch_start")
@@ -159,6 +164,7 @@ class PredictionLoop:
                     all_outputs.append(outputs)
                     continue
                 to_device = batch_mover(trainer, dataloader_idx)
+                idx = (dataloader_idx,) if several else ()  # as for validation and test
                 batch_idx = 0
                 while batch_idx < limit:
                     batch = next(iterator, _END)
@@ -166,10 +172,15 @@ class PredictionLoop:
                         break
                     if to_device is not None:
                         batch = to_device(batch)
-                    call_hook("on_predict_batch_start", batch, batch_idx, dataloader_idx)
+                    call_hook("on_predict_batch_start", batch, batch_idx, *idx)
                     args = (batch, batch_idx, dataloader_idx)[:arity]
                     prediction = strategy.evaluation_step("predict_step", *args)
-                    call_hook("on_predict_batch_end", prediction, batch, batch_idx, dataloader_idx)
+                    if prediction is None and not warned_none:  # once per run, as Lightning
+                        warned_none = True
+                        warnings.warn(f"predict returned None (predict_step of batch {batch_idx}); if it was on "
+                                      "purpose, ignore this warning. The predictions list holds None there.",
+                                      UserWarning, stacklevel=2)  # fmt: skip
+                    call_hook("on_predict_batch_end", prediction, batch, batch_idx, *idx)
                     if return_predictions:
                         outputs.append(prediction)
                     batch_idx += 1

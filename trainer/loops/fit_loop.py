@@ -75,6 +75,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from trainer.loops.progress import Progress
+from trainer.strategies.rank import rank_zero_info
 from trainer.loops.optimizers import step_schedulers
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,6 +88,7 @@ class FitLoop:
     def __init__(self, trainer: "LoopHost") -> None:
         self.trainer = trainer
         self.progress = Progress()
+        self._told_min_not_met = False
         self.epoch_loop: Any = None  # the TrainingEpochLoop of the running (or last) fit
 
     @property
@@ -104,13 +106,25 @@ class FitLoop:
             return True
         if trainer.max_epochs != -1 and progress.epoch >= trainer.max_epochs:
             return True
-        return trainer.should_stop and trainer._can_stop(progress.epoch)
+        if not trainer.should_stop:
+            return False
+        if trainer._can_stop(progress.epoch):
+            return True
+        if not self._told_min_not_met:  # once per fit, as Lightning: the stop request is not lost, only deferred
+            self._told_min_not_met = True
+            rank_zero_info("Trainer was signaled to stop but the required `min_epochs=%r` or `min_steps=%r` has not "
+                           "been met. Training will continue...", trainer.min_epochs, trainer.min_steps)
+        return False
 
     def run(self, epoch_loop: Any) -> None:
-        """Run epochs until :attr:`done`. Assumes set-up (strategy, optimizers, restore) is complete."""
+        """Run epochs until :attr:`done`. Assumes set-up (strategy, optimizers, restore) is complete. With
+        ``limit_train_batches=0`` training is off: no epoch runs (``current_epoch`` stays), as in Lightning."""
         trainer = self.trainer
         progress = self.progress
         self.epoch_loop = epoch_loop
+        self._told_min_not_met = False
+        if trainer.limit_train_batches == 0:
+            return
         trainer._call_hook("on_train_start")
         trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
         reload_every = trainer.reload_dataloaders_every_n_epochs

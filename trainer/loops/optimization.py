@@ -9,7 +9,7 @@ from torch.optim import Optimizer
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.strategy import Strategy
-from trainer.module.overrides import overrides
+from trainer.module.overrides import implements, overrides
 from trainer.module.train_module import TrainModule
 from trainer.loops.optimizers import step_schedulers
 from trainer.loops.skip_agreement import agree_on_skip, can_return_none
@@ -127,7 +127,7 @@ class AutomaticOptimization:
         self.keeps_gradients = self.zero_before_backward
         self.last_loss: Optional[Tensor] = None
         # The module's backward_context() (e.g. loss_parallel()), entered around forward and backward; None if not given.
-        self.backward_context = module.backward_context if overrides(module, TrainModule, "backward_context") else None
+        self.backward_context = module.backward_context if implements(module, TrainModule, "backward_context") else None
         # Nothing between training_step and the torch calls would act: no hook of the step, clipping, custom step,
         # scheduler stepped per step, or strategy/precision layer (see Strategy.plain_steps).
         self.plain = (
@@ -260,10 +260,74 @@ class AutomaticOptimization:
 _NOT_RUN = object()
 
 
+#: The imitating classes made so far, one per (wrapper class, optimizer class).
+_IMITATING: dict[tuple[type, type], type] = {}
+
+
+def _rebuild_wrapper(plain: type, state: dict[str, Any]) -> "OptimizerWrapper":
+    wrapper = object.__new__(plain)
+    wrapper.__dict__.update(state)
+    wrapper._imitate()
+    return wrapper
+
+
 class OptimizerWrapper:
     """What ``self.optimizers()`` returns (Lightning's ``LightningOptimizer``, the base of both wrappers below): the
     torch optimizer's attributes, with ``step``/``zero_grad`` going through the Trainer; ``.optimizer`` is the torch
-    optimizer. Built by the Trainer, never by hand."""
+    optimizer. As in Lightning, a wrapper is an instance of its optimizer's class too (``isinstance(opt,
+    torch.optim.Adam)``; its class is named ``LightningAdam``). ``LightningOptimizer(optimizer)`` built by hand
+    passes ``step``/``zero_grad``/``state_dict``/``load_state_dict`` straight to ``optimizer``."""
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        self._optimizer = optimizer
+        self._imitate()
+
+    def _imitate(self) -> None:
+        """Make this wrapper's class a subclass of the optimizer's too (once per pair of classes)."""
+        plain = type(self).__dict__.get("_plain_class", type(self))
+        key = (plain, type(self.optimizer))
+        cls = _IMITATING.get(key)
+        if cls is None:
+            cls = _IMITATING[key] = type(f"Lightning{key[1].__name__}", key, {"_plain_class": plain,
+                                                                              "__module__": plain.__module__})
+        self.__class__ = cls
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The wrapped torch optimizer."""
+        return self._optimizer
+
+    def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> Any:
+        """The torch optimizer's ``step`` (the Trainer's wrappers step through the strategy instead)."""
+        return self.optimizer.step(closure, **kwargs) if closure is not None else self.optimizer.step(**kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    # The optimizer class's own versions would act on the wrapper's (missing) state: go to the optimizer.
+    def state_dict(self) -> dict[str, Any]:
+        """The torch optimizer's ``state_dict()``."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load into the torch optimizer."""
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the torch optimizer."""
+        self.optimizer.add_param_group(param_group)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_optimizer", "_automatic"):  # not set (yet): no delegation loop
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"Lightning{self.optimizer!r}"
+
+    def __reduce__(self) -> Any:  # the imitating class is made at run time: pickle as the plain wrapper
+        return _rebuild_wrapper, (type(self).__dict__.get("_plain_class", type(self)), dict(self.__dict__))
 
 
 class AutomaticOptimizer(OptimizerWrapper):
@@ -280,6 +344,7 @@ class AutomaticOptimizer(OptimizerWrapper):
         self._output: Any = _NOT_RUN
         self._batch: Any = None
         self._batch_idx = 0
+        self._imitate()
 
     @property
     def optimizer(self) -> Optimizer:
@@ -333,11 +398,6 @@ class AutomaticOptimizer(OptimizerWrapper):
         loss = automatic.last_loss
         return loss.detach() if loss is not None else None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._automatic.optimizer, name)
-
-    def __repr__(self) -> str:
-        return f"AutomaticOptimizer({self._automatic.optimizer!r})"
 
 
 class ManualOptimization:
@@ -351,7 +411,7 @@ class ManualOptimization:
         #: The user clears the gradients: fit releases them before validating.
         self.keeps_gradients = True
         module = trainer.module
-        self.backward_context = module.backward_context if overrides(module, TrainModule, "backward_context") else None
+        self.backward_context = module.backward_context if implements(module, TrainModule, "backward_context") else None
 
     def runner(self, accumulate: int) -> Callable[[Any, int, bool], Any]:
         """The step function for an epoch (the user steps, so accumulation changes nothing here)."""
@@ -376,6 +436,7 @@ class ManualOptimizer(OptimizerWrapper):
         self._trainer = trainer
         self._counter = StepCounter(trainer)
         self._counter.step_schedulers = []  # in manual optimisation the user steps schedulers
+        self._imitate()
 
     @property
     def optimizer(self) -> Optimizer:
@@ -396,8 +457,3 @@ class ManualOptimizer(OptimizerWrapper):
         self._trainer._call_hook("on_before_zero_grad", self._optimizer)
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
-
-    def __repr__(self) -> str:
-        return f"ManualOptimizer({self._optimizer!r})"

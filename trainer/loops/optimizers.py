@@ -100,9 +100,12 @@ def _scheduler_config(item: Any, monitor: Optional[str] = None, automatic: bool 
 
 def _from_dict(item: dict, automatic: bool) -> tuple[Optimizer, list[SchedulerConfig]]:
     unknown = set(item) - {"optimizer", "lr_scheduler", "monitor"}
-    if unknown:
-        raise ConfigurationError(
-            f"configure_optimizers: unknown key(s) {sorted(unknown)}. Valid keys: 'optimizer', 'lr_scheduler', 'monitor'."
+    if unknown:  # Lightning warns and ignores them, as for the scheduler dict
+        warnings.warn(
+            f"configure_optimizers: unsupported key(s) {sorted(unknown)} in the optimizer configuration are ignored. "
+            "Valid keys: 'optimizer', 'lr_scheduler', 'monitor'.",
+            RuntimeWarning,
+            stacklevel=3,
         )
     if "optimizer" not in item or not _is_optimizer(item["optimizer"]):
         raise ConfigurationError(f"configure_optimizers returned a dict without a usable 'optimizer'. {_FORMS}")
@@ -114,7 +117,22 @@ def _from_dict(item: dict, automatic: bool) -> tuple[Optimizer, list[SchedulerCo
 
 def parse_optimizers(output: Any, automatic: bool = True) -> tuple[list[Optimizer], list[SchedulerConfig]]:
     """Normalise every accepted ``configure_optimizers`` form into (optimizers, scheduler configs). In manual
-    optimisation (``automatic=False``) the user steps the schedulers, so any scheduler object is accepted."""
+    optimisation (``automatic=False``) the user steps the schedulers, so any scheduler object is accepted. A
+    scheduler attached to an optimizer that was not returned is refused (it would change a learning rate nobody
+    uses)."""
+    optimizers, schedulers = _parse(output, automatic)
+    for config in schedulers:
+        attached = getattr(config.scheduler, "optimizer", None)
+        if attached is not None and _is_optimizer(attached) and not any(attached is o for o in optimizers):
+            raise ConfigurationError(
+                f"configure_optimizers: the scheduler {type(config.scheduler).__name__} is attached with an optimizer "
+                "that wasn't returned. Build the scheduler on one of the optimizers you return, or return its "
+                "optimizer too."
+            )
+    return optimizers, schedulers
+
+
+def _parse(output: Any, automatic: bool) -> tuple[list[Optimizer], list[SchedulerConfig]]:
     if output is None:
         warnings.warn("configure_optimizers returned None: training runs without an optimizer.", stacklevel=2)
         return [], []

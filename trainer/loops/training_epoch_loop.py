@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 from trainer.strategies.errors import ConfigurationError
@@ -32,6 +33,7 @@ class TrainingEpochLoop:
         #: The last :meth:`run` validated because a stop was requested (so the epoch's end does not validate again).
         self.validated_on_stop = False
         self.is_last_batch = False  # the running batch is the epoch's last (``trainer.is_last_batch``)
+        self._warned_none_batch = False
 
     def val_check_batch(self, num_batches: float) -> int:
         """After how many micro-batches validation runs (0: never in this epoch)."""
@@ -103,10 +105,15 @@ class TrainingEpochLoop:
 
         for batch, is_last in batches:
             self.is_last_batch = is_last
-            if to_device is not None:
+            # A None batch (a collate_fn that drops one) skips the step, as in Lightning: no on_train_batch_start,
+            # on_train_batch_end gets None.
+            skip = batch is None and not iterator_style
+            if skip:
+                self._warn_none_batch()
+            elif to_device is not None:
                 batch = to_device(batch)
             results.batch = batch  # its size is inferred only if a logged value needs it
-            if batch_start is not None and batch_start(batch, batch_idx) == -1:
+            if not skip and batch_start is not None and batch_start(batch, batch_idx) == -1:
                 reached_end = True  # the epoch ends here, as if this were its last batch
                 if epoch_schedulers:
                     step_schedulers(epoch_schedulers, "epoch", progress.epoch + 1, lambda: trainer.callback_metrics)
@@ -114,7 +121,7 @@ class TrainingEpochLoop:
             window_end = steps_every_batch or is_last or (batch_idx + 1) % accumulate == 0
             steps_before = progress.global_step
             try:
-                outputs = run_step(batch, batch_idx, window_end)
+                outputs = None if skip else run_step(batch, batch_idx, window_end)
             except StopIteration:
                 if not iterator_style:
                     raise
@@ -143,16 +150,22 @@ class TrainingEpochLoop:
             # did not step, so a run whose batches are all skipped still stops on SIGTERM.
             if step >= faults.due_step and (stepped or (window_end and not faults.due_step)):
                 faults.check()  # before validation: a checkpoint saved here resumes with validation pending
-            if validates_on_stop and trainer.should_stop and trainer._can_stop(progress.epoch + 1):
+            if validates_on_stop and trainer.should_stop and trainer._can_stop(progress.epoch):
                 progress.val_pending = self.validated_on_stop = True  # this epoch's validation runs before the stop
             if progress.val_pending:
                 if window_end:
                     self.release_gradients()
                 trainer._run_validation_in_fit()
-            if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch + 1)):
+            if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch)):
                 break
         return reached_end
 
+
+    def _warn_none_batch(self) -> None:
+        if not self._warned_none_batch:  # once per loop, as Lightning
+            self._warned_none_batch = True
+            warnings.warn("train_dataloader yielded None: its training_step is skipped (on_train_batch_end gets "
+                          "outputs=None). If this was on purpose, ignore this warning.", UserWarning, stacklevel=3)
 
     def release_gradients(self) -> None:
         """Before a validation after a step: ``on_validation_model_zero_grad`` where the gradients outlived the step

@@ -475,6 +475,7 @@ class TrainModule(nn.Module):
         trainer.strategy.backward(loss, *args, **kwargs)
         trainer._call_hook("on_after_backward")
 
+    @torch.compiler.disable  # it flips requires_grad, which Dynamo cannot trace (a compiled step graph-breaks here)
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Compute gradients only for ``optimizer``'s parameters until :meth:`untoggle_optimizer` (e.g. a GAN's
         generator step): the parameters only the other optimizers hold get ``requires_grad=False``."""
@@ -482,6 +483,7 @@ class TrainModule(nn.Module):
 
         self.__dict__["_toggled_requires_grad"] = toggle(optimizer, self.trainer.optimizers)
 
+    @torch.compiler.disable
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Undo :meth:`toggle_optimizer`: every ``requires_grad`` flag is as it was before the toggle."""
         from trainer.module.optimizer_toggle import untoggle
@@ -534,17 +536,17 @@ class TrainModule(nn.Module):
 
         return all_gather_tree(data, self.trainer.strategy, group, sync_grads)
 
-    def freeze(self) -> None:
-        """No gradients for any parameter, and evaluation mode."""
+    def freeze(self) -> "TrainModule":
+        """No gradients for any parameter, and evaluation mode; returns the module (``model.freeze()(x)``)."""
         for param in self.parameters():
             param.requires_grad_(False)
-        self.eval()
+        return self.eval()
 
-    def unfreeze(self) -> None:
-        """Gradients for every parameter again, and training mode."""
+    def unfreeze(self) -> "TrainModule":
+        """Gradients for every parameter again, and training mode; returns the module."""
         for param in self.parameters():
             param.requires_grad_(True)
-        self.train()
+        return self.train()
 
     def to_torchscript(self, file_path: Optional[Union[str, Path]] = None, method: str = "script",
                        example_inputs: Any = None, **kwargs: Any) -> Any:  # fmt: skip

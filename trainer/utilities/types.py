@@ -8,6 +8,8 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
+from trainer.loops.optimizers import SchedulerConfig
+
 _NUMBER = Union[int, float]
 #: What a ``*_step`` may return: a loss tensor, a dict with a ``"loss"`` entry, or ``None`` (skip the step).
 STEP_OUTPUT = Optional[Union[Tensor, Mapping[str, Any]]]
@@ -18,6 +20,11 @@ LRSchedulerTypeTuple = (LRScheduler, ReduceLROnPlateau)
 LRSchedulerTypeUnion = Union[LRScheduler, ReduceLROnPlateau]
 LRSchedulerType = Union[type[LRScheduler], type[ReduceLROnPlateau]]
 LRSchedulerPLType = Union[LRScheduler, ReduceLROnPlateau]
+
+
+#: What ``trainer.lr_scheduler_configs`` holds: one scheduler and when to step it (``scheduler``, ``interval``,
+#: ``frequency``, ``monitor``, ``strict``, ``name``, ``reduce_on_plateau``), as Lightning's dataclass of that name.
+LRSchedulerConfig = SchedulerConfig
 
 
 class LRSchedulerConfigType(TypedDict, total=False):

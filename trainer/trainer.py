@@ -333,6 +333,9 @@ class Trainer:
             self._setup_module(model)
             self._setup_optimizers(model)
             self.should_stop = False
+            # Every stage starts without gradients, as in Lightning; before the restore, since a checkpoint saved
+            # inside an accumulation window brings that window's gradients back (exact resume).
+            model.zero_grad()
             ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
             if ckpt_path is not None:
                 self._checkpoint.restore_training(ckpt_path)
@@ -342,7 +345,6 @@ class Trainer:
             trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
             warn_modules_in_eval_mode(model)  # each submodule keeps its own mode, as in Lightning
             self._call_hook("on_fit_start")
-            model.zero_grad()  # every stage starts without gradients, as in Lightning
             if self.enable_autolog_hparams:
                 self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses

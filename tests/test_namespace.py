@@ -114,3 +114,16 @@ def test_the_wheel_installs_only_the_trainer_package_under_our_own_distribution_
         assert f"trainer/{sibling}/__init__.py" in names
     assert "trainer/strategies/launch/environments/__init__.py" in names  # nested packages come along
     assert "trainer/py.typed" in names
+
+
+def test_import_trainer_loads_no_heavy_optional_module():
+    """``import trainer`` stays cheap (benchmarks/import_time.py's target): Dynamo, inductor, DTensor, tensorboard and
+    the other heavy parts load when a run uses them, never at import (a decorator applied at import time did)."""
+    code = (
+        "import sys, torch\nbefore = set(sys.modules)\nimport trainer\n"
+        "heavy = ['torch._dynamo', 'torch._inductor', 'torch.distributed.tensor', 'tensorboard', 'torchmetrics', 'rich']\n"
+        "print([m for m in heavy if m in sys.modules and m not in before])\n"
+    )
+    result = _run(code, ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import warnings
 from pathlib import Path
@@ -18,6 +19,22 @@ from torch.optim import Optimizer
 from trainer.strategies.errors import ConfigurationError
 from trainer.module.hparams import AttributeDict, hyperparameters_of_call
 from trainer.module.train_mode import ModuleModes
+
+
+
+def _outside_dynamo(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compiler.disable(method)``, made on the first call: decorating at import time would load Dynamo
+    (about a second) for every ``import trainer``. A first call inside a compiled function breaks the graph there,
+    which is what the disable is for."""
+    disabled: list[Callable[..., Any]] = []
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not disabled:
+            disabled.append(torch.compiler.disable(method))
+        return disabled[0](*args, **kwargs)
+
+    return call
 
 
 class TrainModule(nn.Module):
@@ -475,7 +492,7 @@ class TrainModule(nn.Module):
         trainer.strategy.backward(loss, *args, **kwargs)
         trainer._call_hook("on_after_backward")
 
-    @torch.compiler.disable  # it flips requires_grad, which Dynamo cannot trace (a compiled step graph-breaks here)
+    @_outside_dynamo  # it flips requires_grad, which Dynamo cannot trace (a compiled step graph-breaks here)
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Compute gradients only for ``optimizer``'s parameters until :meth:`untoggle_optimizer` (e.g. a GAN's
         generator step): the parameters only the other optimizers hold get ``requires_grad=False``."""
@@ -483,7 +500,7 @@ class TrainModule(nn.Module):
 
         self.__dict__["_toggled_requires_grad"] = toggle(optimizer, self.trainer.optimizers)
 
-    @torch.compiler.disable
+    @_outside_dynamo
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Undo :meth:`toggle_optimizer`: every ``requires_grad`` flag is as it was before the toggle."""
         from trainer.module.optimizer_toggle import untoggle

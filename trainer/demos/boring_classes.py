@@ -150,7 +150,7 @@ class BoringDataModule(DataModule):
         return DataLoader(self.random_predict)
 
 
-class BoringDataModuleNoLen(DataModule):
+class BoringDataModuleNoLen(BoringDataModule):
     """Iterable random data without ``len()``: 512 train, 128 val, 256 test, 64 predict samples of 32 features."""
 
     def setup(self, stage: str) -> None:
@@ -162,18 +162,6 @@ class BoringDataModuleNoLen(DataModule):
             self.random_test = RandomIterableDataset(32, 256)
         if stage == "predict":
             self.random_predict = RandomIterableDataset(32, 64)
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_train)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_val)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_test)
-
-    def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_predict)
 
 
 class IterableBoringDataModule(DataModule):

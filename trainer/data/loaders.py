@@ -138,7 +138,7 @@ def ready_loader(loader: Any, argument: str, training: bool, sampler_kwargs: Opt
     if overfit:
         from trainer.data.distributed import without_shuffle
 
-        loader = without_shuffle(loader, "training" if training else "validation")
+        loader = without_shuffle(loader, "train" if training else "val")
     return prepare_loader(loader, sampler_kwargs, training, use_distributed_sampler, pin_memory)
 
 

@@ -55,8 +55,9 @@ class TrainingEpochLoop:
             return max(int(num_batches * interval), 1)
         if every_n is not None and interval > num_batches:
             raise ConfigurationError(
-                f"val_check_interval={interval} exceeds the {int(num_batches)} training batches per epoch. Use a "
-                "smaller value, or check_val_every_n_epoch=None to count batches across epochs."
+                f"val_check_interval={interval} exceeds the {int(num_batches)} training batches per epoch: it must be "
+                "less than or equal to the number of the training batches. Use a smaller value, or "
+                "check_val_every_n_epoch=None to count batches across epochs."
             )
         return interval
 

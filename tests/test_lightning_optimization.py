@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from trainer import Trainer
 from trainer.callbacks import ModelCheckpoint
+from trainer.demos.boring_classes import BoringModel
 from trainer.strategies.errors import ConfigurationError
 from helpers import Regressor, loader, quiet_trainer
 
@@ -286,3 +288,33 @@ def test_gradients_kept_after_the_step_are_released_before_validation():
         seen.clear()
         quiet_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1).fit(cls(), loader(n=32), loader(n=8))
         assert seen == [released], cls.__name__
+
+
+@pytest.mark.parametrize("save_on_train_epoch_end", [False, True])
+def test_a_step_interval_plateau_scheduler_steps_after_the_batch_validation(tmp_path, save_on_train_epoch_end):
+    """As in Lightning, a step-interval ReduceLROnPlateau steps after its batch's validation (the other step-interval
+    schedulers right after the optimizer step): a checkpoint saved at validation's end holds it one step behind."""
+    seen = {}
+
+    class Model(BoringModel):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", float(batch_idx))
+            return super().training_step(batch, batch_idx)
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.Adam(self.parameters())
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+            step = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+            return [optimizer], [{"scheduler": plateau, "interval": "step", "monitor": "foo"},
+                                 {"scheduler": step, "interval": "step"}]
+
+        def on_save_checkpoint(self, checkpoint):
+            seen["plateau_last_epoch"] = checkpoint["lr_schedulers"][0]["last_epoch"]
+            seen["step_count"] = checkpoint["lr_schedulers"][1]["_step_count"]
+
+    trainer = Trainer(default_root_dir=tmp_path, enable_progress_bar=False, logger=False, enable_model_summary=False,
+                      max_epochs=1, limit_train_batches=4, limit_val_batches=1,
+                      callbacks=[ModelCheckpoint(dirpath=tmp_path, save_on_train_epoch_end=save_on_train_epoch_end)])
+    trainer.fit(Model())
+    assert seen["plateau_last_epoch"] == (4 if save_on_train_epoch_end else 3)
+    assert seen["step_count"] - 1 == 4

@@ -40,7 +40,9 @@
             [after a step, at agreed steps: stop signals → save interrupted.ckpt, exit; non-finite loss → stop]
             if val_check_interval is reached, or should_stop is set (and min_epochs/min_steps are met) in an epoch
             that validates: [at a window's end: on_validation_model_zero_grad, where gradients outlived the step
-            (zero-grad hooks, manual optimisation) or it is overridden] validation loop (below); stop if should_stop
+            (zero-grad hooks, manual optimisation) or it is overridden] validation loop (below)
+            [after a step: step-interval ReduceLROnPlateau schedulers, which see this batch's and validation's metrics]
+            stop at max_steps, or if should_stop
         on_train_epoch_end                          # other callbacks → module → monitoring callbacks
                                                     # (ModelCheckpoint, EarlyStopping, Timer, the progress bar), after
                                                     # ReduceLROnPlateau epoch schedulers step (epoch reached its end);

@@ -85,6 +85,8 @@ class TrainingEpochLoop:
         # validation, as in Lightning (ReduceLROnPlateau at the epoch's end: FitLoop).
         epoch_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "epoch" and not c.reduce_on_plateau
                             ] if self.optimization.steps_schedulers else []  # fmt: skip
+        counter = getattr(self.optimization, "counter", None)  # step-interval ReduceLROnPlateau: after validation
+        plateau = counter if counter is not None and counter.plateau_schedulers else None
         batch_idx = progress.batch_in_epoch
         reached_end = batch_idx >= num_batches
         self.validated_on_stop = False
@@ -157,6 +159,8 @@ class TrainingEpochLoop:
                 if window_end:
                     self.release_gradients()
                 trainer._run_validation_in_fit()
+            if plateau is not None and plateau.plateau_due:
+                plateau.step_plateau()
             if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch)):
                 break
         return reached_end

@@ -95,5 +95,6 @@ def test_a_module_left_in_eval_mode_and_a_logging_interval_longer_than_the_epoch
     model.layer.eval()
     with pytest.warns(UserWarning, match=r"1 module\(s\) are in eval mode at the start of training"):
         quiet(max_steps=1).fit(model, data())
-    with pytest.warns(UserWarning, match=r"has 4 batches per epoch, fewer than Trainer\(log_every_n_steps=50\)"):
+    with pytest.warns(UserWarning, match=r"The number of training batches \(4\) is smaller than the logging interval "
+                                         r"Trainer\(log_every_n_steps=50\)"):
         quiet(max_steps=1, logger=CSVLogger(tmp_path)).fit(LitModel(), data())

@@ -533,9 +533,9 @@ class Trainer:
                                    agree)  # fmt: skip
         self._last_train_reload_epoch = self.current_epoch
         if self.loggers and not self.fast_dev_run and self.num_training_batches < self.log_every_n_steps:
-            rank_zero_warn(f"The training dataloader has {self.num_training_batches} batches per epoch, fewer than "
-                           f"Trainer(log_every_n_steps={self.log_every_n_steps}): training values reach the loggers "
-                           "less than once per epoch. Lower log_every_n_steps to see them every epoch.")  # fmt: skip
+            rank_zero_warn(f"The number of training batches ({self.num_training_batches}) is smaller than the logging "
+                           f"interval Trainer(log_every_n_steps={self.log_every_n_steps}): training values reach the "
+                           "loggers less than once per epoch. Lower log_every_n_steps to see them every epoch.")  # fmt: skip
 
     def _load_val_data(self) -> None:
         """Request fit's validation loaders where Lightning does: the first time validation runs, then again when

@@ -331,20 +331,23 @@ class Trainer:
             if self.sync_batchnorm:
                 sync_batchnorm_layers(model, self.strategy, self._layer_sync)
             self._setup_module(model)
-            self._setup_optimizers(model)
             self.should_stop = False
-            # Every stage starts without gradients, as in Lightning; before the restore, since a checkpoint saved
-            # inside an accumulation window brings that window's gradients back (exact resume).
-            model.zero_grad()
+            # Lightning's order: the module's and callbacks' state before configure_optimizers, the optimizers'
+            # and schedulers' after on_fit_start (see trainer.loops.fit_loop).
             ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
-            if ckpt_path is not None:
-                self._checkpoint.restore_training(ckpt_path)
-            else:
+            restoring = ckpt_path is not None and self._checkpoint.restore_modules_and_callbacks(ckpt_path)
+            self._setup_optimizers(model)
+            if not restoring:
                 fit_outcome.warn_if_already_done(self)  # a second fit() on a finished Trainer
-            progress = self.fit_loop.progress
-            trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
             warn_modules_in_eval_mode(model)  # each submodule keeps its own mode, as in Lightning
             self._call_hook("on_fit_start")
+            # Every stage starts without gradients, as in Lightning; before the rest of the restore, since a
+            # checkpoint saved inside an accumulation window brings that window's gradients back (exact resume).
+            model.zero_grad()
+            if restoring:
+                self._checkpoint.restore_training_state()
+            progress = self.fit_loop.progress
+            trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
             if self.enable_autolog_hparams:
                 self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses

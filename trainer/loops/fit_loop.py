@@ -7,10 +7,14 @@
     setup(stage="fit")                           # datamodule → callbacks → module
     configure_model()                            # only if overridden; once per module, in the strategy's init context
     strategy.setup_module(module)                # precision conversion, device, DDP/FSDP wrapping, materialising
+    [restore ckpt_path, first half]              # module.on_load_checkpoint(checkpoint) (may edit it), weights,
+                                                 # datamodule state, callbacks' on_load_checkpoint, load_state_dict,
+                                                 # loop progress
     configure_optimizers() → strategy.setup_optimizers(...)
-    [restore ckpt_path]                          # on_load_checkpoint: callbacks → module
     [warning if submodules are in eval mode: each keeps its own mode, as in Lightning]
     on_fit_start                                 # callbacks → module
+    module.zero_grad()
+    [restore ckpt_path, second half]             # optimizers, schedulers, scaler, accumulated gradients
     [sanity check]                               # on_sanity_check_start, val_dataloader(), validation loop,
                                                  # on_sanity_check_end
     train_dataloader()                           # (earlier if something read trainer.train_dataloader)

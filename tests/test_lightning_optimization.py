@@ -318,3 +318,38 @@ def test_a_step_interval_plateau_scheduler_steps_after_the_batch_validation(tmp_
     trainer.fit(Model())
     assert seen["plateau_last_epoch"] == (4 if save_on_train_epoch_end else 3)
     assert seen["step_count"] - 1 == 4
+
+
+def test_resuming_from_a_checkpoint_saved_before_a_plateau_step_steps_it_and_ends_the_same(tmp_path):
+    """A checkpoint saved at an in-epoch validation's end holds the step-interval ReduceLROnPlateau before its step
+    (Lightning's order); the resumed fit steps it first, so it ends with the learning rates and weights of the fit
+    that never stopped."""
+
+    class Plateau(BoringModel):
+        def validation_step(self, batch, batch_idx):
+            self.log("worsening", float(self.trainer.global_step))  # never improves: the rate halves every step
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
+            return [optimizer], [{"scheduler": plateau, "interval": "step", "monitor": "worsening"}]
+
+    def fit(root, ckpt_path=None):
+        torch.manual_seed(0)
+        model = Plateau()
+        trainer = Trainer(default_root_dir=root, max_epochs=2, limit_train_batches=4, val_check_interval=1,
+                          limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False,
+                          callbacks=[ModelCheckpoint(dirpath=root, save_top_k=-1, save_on_train_epoch_end=False,
+                                                     filename="{step}")])  # fmt: skip
+        trainer.fit(model, ckpt_path=ckpt_path)
+        return model, trainer
+
+    whole, whole_trainer = fit(tmp_path / "whole")
+    saved = torch.load(tmp_path / "whole" / "step=2.ckpt", weights_only=False)
+    assert saved["loops"]["fit"]["plateau_pending"] is True
+    resumed, resumed_trainer = fit(tmp_path / "resumed", ckpt_path=tmp_path / "whole" / "step=2.ckpt")
+    assert resumed_trainer.optimizers[0].param_groups[0]["lr"] == whole_trainer.optimizers[0].param_groups[0]["lr"]
+    assert whole_trainer.optimizers[0].param_groups[0]["lr"] < 0.1 / 2**3
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)

@@ -681,6 +681,12 @@ class Trainer:
 
         def mark_done() -> None:
             progress.val_pending = False  # a checkpoint saved in on_validation_end must not re-run this validation
+            if progress.plateau_pending:  # ... and must step the step's plateau schedulers with these values
+                metrics = self.callback_metrics
+                progress.plateau_metrics = {
+                    c.monitor: float(metrics[c.monitor]) for c in self.lr_scheduler_configs
+                    if c.interval == "step" and c.reduce_on_plateau and c.monitor in metrics
+                }  # fmt: skip
 
         EvaluationLoop(self, "validate").run(self._val_dataloaders, self._val_batch_limits, self._metrics.val,
                                              True, mark_done)  # fmt: skip

@@ -68,7 +68,6 @@ class StepCounter:
         self.trainer = trainer
         self.step_schedulers: list[Any] = []
         self.plateau_schedulers: list[Any] = []
-        self.plateau_due = False  # a step was taken whose plateau schedulers have not stepped yet
         self.refresh()
 
     def refresh(self) -> None:
@@ -76,7 +75,6 @@ class StepCounter:
         configs = [c for c in self.trainer.lr_scheduler_configs if c.interval == "step"]
         self.step_schedulers = [c for c in configs if not c.reduce_on_plateau]
         self.plateau_schedulers = [c for c in configs if c.reduce_on_plateau]
-        self.plateau_due = False
 
     def after_step(self, stepped: bool) -> None:
         progress = self.trainer.fit_loop.progress
@@ -87,13 +85,19 @@ class StepCounter:
         if self.step_schedulers:
             step_schedulers(self.step_schedulers, "step", progress.global_step, lambda: self.trainer.callback_metrics)
         if self.plateau_schedulers:
-            self.plateau_due = True
+            progress.plateau_pending = True  # saved in checkpoints: a resume steps them where this run would
 
     def step_plateau(self) -> None:
         """Step the step-interval ``ReduceLROnPlateau`` schedulers of the last step (after its batch's validation)."""
-        self.plateau_due = False
-        step_schedulers(self.plateau_schedulers, "step", self.trainer.fit_loop.progress.global_step,
-                        lambda: self.trainer.callback_metrics)  # fmt: skip
+        progress = self.trainer.fit_loop.progress
+        progress.plateau_pending = False
+        saved, progress.plateau_metrics = progress.plateau_metrics, {}
+
+        def metrics() -> dict[str, Any]:  # a resumed fit's validation values come from the checkpoint
+            live = self.trainer.callback_metrics
+            return {**saved, **live} if saved else live
+
+        step_schedulers(self.plateau_schedulers, "step", progress.global_step, metrics)
 
 
 class AutomaticOptimization:

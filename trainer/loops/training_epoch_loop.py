@@ -105,6 +105,8 @@ class TrainingEpochLoop:
 
         if progress.val_pending:  # resumed from a checkpoint saved between a batch and its validation
             trainer._run_validation_in_fit()
+        if plateau is not None and progress.plateau_pending:  # ... or before that step's plateau schedulers
+            plateau.step_plateau()
 
         for batch, is_last in batches:
             self.is_last_batch = is_last
@@ -159,7 +161,7 @@ class TrainingEpochLoop:
                 if window_end:
                     self.release_gradients()
                 trainer._run_validation_in_fit()
-            if plateau is not None and plateau.plateau_due:
+            if plateau is not None and progress.plateau_pending:
                 plateau.step_plateau()
             if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch)):
                 break

@@ -187,7 +187,9 @@ def step_schedulers(
                         f"metrics are: {sorted(available)}. Log it with self.log({config.monitor!r}, ...) or set "
                         "'strict': False."
                     )
-                warnings.warn(f"ReduceLROnPlateau: {config.monitor!r} not logged yet; scheduler not stepped.", stacklevel=2)
+                warnings.warn(f"ReduceLROnPlateau conditioned on metric {config.monitor!r} which is not available but "
+                              "strict is set to `False`: it was not logged yet. Skipping learning rate update.",
+                              RuntimeWarning, stacklevel=2)  # fmt: skip
                 continue
             if config.step_fn is not None:
                 config.step_fn(config.scheduler, float(value))

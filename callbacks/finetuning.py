@@ -33,6 +33,7 @@ class BaseFinetuning(Callback):
     def __init__(self) -> None:
         self._groups: dict[int, list[dict[str, Any]]] = {}  # optimizer index → its groups, parameters by name
         self._trainer: Any = None
+        self._restoring = False  # load_state_dict got saved groups: on_fit_start re-creates them
 
     # ------------------------------------------------------------------ what subclasses implement
     def freeze_before_training(self, pl_module: Any) -> None:
@@ -140,11 +141,16 @@ class BaseFinetuning(Callback):
         return {"internal_optimizer_metadata": self._groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Re-create the saved parameter groups (called on resume before the optimizer state is loaded)."""
+        """Keep the saved parameter groups; :meth:`on_fit_start` re-creates them (on resume the optimizers are
+        built after this call and their saved state is loaded after ``on_fit_start``, as in Lightning)."""
         self._groups = {int(k): v for k, v in state_dict.get("internal_optimizer_metadata", {}).items()}
-        trainer = self._trainer
-        if trainer is None or not self._groups:
+        self._restoring = bool(self._groups)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """On resume: give the optimizers back the parameter groups the saved optimizer state has."""
+        if not self._restoring:
             return
+        self._restoring = False
         params = dict(trainer.module.named_parameters())
         for index, optimizer in enumerate(trainer.optimizers):
             saved = self._groups.get(index)

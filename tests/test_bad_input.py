@@ -98,16 +98,16 @@ def _with_optimizers(value):
 @pytest.mark.parametrize(
     "value, pattern",
     [
-        (42, r"configure_optimizers returned int 42.*must return one of"),
+        (42, r"Unknown configuration for model optimizers: configure_optimizers returned int 42.*must return one of"),
         ({"lr": 0.1}, r"without a usable 'optimizer'"),
         (lambda m: {"optimizer": torch.optim.SGD(m.parameters(), lr=0.1), "lr_scheduler": "cosine"},
-         r"str is not an LR scheduler"),
+         r"lr scheduler `str` doesn't follow PyTorch's LRScheduler API"),
         (lambda m: {"optimizer": (o := torch.optim.SGD(m.parameters(), lr=0.1)),
                     "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(o, 1), "interval": "batch"}},
-         r"interval='batch' is not valid"),
+         r'The "interval" key in lr scheduler dict must be "step" or "epoch" but is "batch"'),
         (lambda m: {"optimizer": (o := torch.optim.SGD(m.parameters(), lr=0.1)),
                     "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o)},
-         r"ReduceLROnPlateau needs a metric to monitor"),
+         r"must include a monitor when a `ReduceLROnPlateau` scheduler is used"),
         (lambda m: [torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.Adam(m.parameters())],
          r"returned 2 optimizers.*only supported with manual optimization.*automatic_optimization = False"),
     ],
@@ -123,7 +123,8 @@ def test_plateau_scheduler_monitoring_a_metric_never_logged_lists_what_was_logge
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
                 "monitor": "val_acc"}  # fmt: skip
 
-    with pytest.raises(ConfigurationError, match=r"monitors 'val_acc'.*Logged metrics: \[.*'val_loss'"):
+    with pytest.raises(ConfigurationError,
+                       match=r"conditioned on metric 'val_acc' which is not available. Available metrics are: \[.*'val_loss'"):
         quiet_trainer(max_epochs=1).fit(_with_optimizers(make), loader(), loader())
 
 

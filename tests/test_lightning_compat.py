@@ -465,7 +465,7 @@ class Recorder(TrainModule):
 def test_overfit_batches_trains_on_the_same_batches_in_order_every_epoch():
     model = Recorder()
     trainer = quiet(overfit_batches=2, max_epochs=3)
-    with pytest.warns(UserWarning, match="overfit_batches: the training dataloader shuffles"):
+    with pytest.warns(UserWarning, match="requested to overfit but enabled train dataloader shuffling"):
         trainer.fit(model)
     assert trainer.num_training_batches == 2 and trainer.num_val_batches == [2]
     assert model.first_samples[0:2] == model.first_samples[2:4] == model.first_samples[4:6]

@@ -139,6 +139,38 @@ def test_loaders_are_requested_where_lightning_requests_them(sanity_steps):
         assert calls == ["on_fit_start", "train_dataloader", "on_train_start", "val_dataloader"]
 
 
+def test_overfit_batches_reads_a_custom_sampler_in_order_too():
+    """Lightning turns off any sampler that is not a SequentialSampler under overfit_batches, not only shuffle=True."""
+
+    class Backwards(torch.utils.data.Sampler):
+        def __init__(self, dataset):
+            self.size = len(dataset)
+
+        def __iter__(self):
+            return iter(range(self.size - 1, -1, -1))
+
+        def __len__(self):
+            return self.size
+
+    class Model(BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.first_values = []
+            self.dataset = RandomDataset(32, 64)
+
+        def training_step(self, batch, batch_idx):
+            self.first_values.append(batch[0, 0].item())
+            return super().training_step(batch, batch_idx)
+
+        def train_dataloader(self):
+            return DataLoader(self.dataset, sampler=Backwards(self.dataset))
+
+    model = Model()
+    with pytest.warns(UserWarning, match="requested to overfit but enabled train dataloader shuffling"):
+        quiet(max_epochs=1, overfit_batches=2, limit_val_batches=0).fit(model)
+    assert model.first_values == [model.dataset[0][0].item(), model.dataset[1][0].item()]  # the dataset's first two, in order
+
+
 def test_overfit_batches_validates_on_the_same_batch_it_trains_on():
     class Model(BoringModel):
         def __init__(self):
@@ -157,7 +189,7 @@ def test_overfit_batches_validates_on_the_same_batch_it_trains_on():
 
     model = Model()
     trainer = quiet(max_epochs=2, overfit_batches=1)
-    with pytest.warns(UserWarning, match="validation dataloader shuffles"):
+    with pytest.warns(UserWarning, match="requested to overfit but enabled val dataloader shuffling"):
         trainer.fit(model)
     assert len(model.train_batches) == 2 and len(model.val_batches) == 1 + 2  # sanity check, then each epoch
     assert all(torch.equal(batch, model.train_batches[0]) for batch in model.train_batches + model.val_batches)

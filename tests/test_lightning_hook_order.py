@@ -46,6 +46,7 @@ for _name in END_HOOKS:
 
 def test_callbacks_run_before_the_module_on_every_end_hook():
     calls: list = []
+    weights_at_start: list = []
     trainer = quiet_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0,
                             callbacks=[EndCallback(calls)])  # fmt: skip
     trainer.fit(EndRecorder(calls), loader(n=8), loader(n=8))
@@ -57,6 +58,7 @@ def test_on_train_epoch_end_runs_monitoring_callbacks_after_the_module(tmp_path)
     """As in Lightning: other callbacks, the module, then checkpointing and early stopping, so these see what the
     module logged in its on_train_epoch_end."""
     calls: list = []
+    weights_at_start: list = []
 
     class LogsAtEpochEnd(EndRecorder):
         def on_train_epoch_end(self):
@@ -128,3 +130,71 @@ def test_max_steps_mid_epoch_writes_the_monitored_top_k_checkpoint_and_last(tmp_
     trainer.fit(Regressor(), loader(n=80))
     assert sorted(os.listdir(tmp_path)) == ["best.ckpt", "last.ckpt"]
     assert checkpoint.best_model_path == str(tmp_path / "best.ckpt")
+
+
+def test_resuming_restores_module_and_callbacks_before_configure_optimizers(tmp_path):
+    """Lightning's resume order: the module's on_load_checkpoint first (it may still edit the checkpoint: here it
+    renames a weight key an older version of the module saved), then the callbacks' on_load_checkpoint and
+    load_state_dict, then configure_optimizers, on_fit_start, zero_grad; the optimizer state loads after that."""
+    import torch
+
+    class AdamRegressor(Regressor):
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    first = quiet_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0)
+    first.fit(AdamRegressor(), loader(n=16))
+    path = str(tmp_path / "old.ckpt")
+    first.save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)
+    saved["state_dict"] = {key.replace("net.", "old_net."): value for key, value in saved["state_dict"].items()}
+    calls: list = []
+    weights_at_start: list = []
+
+    class Stateful(Callback):
+        def state_dict(self):
+            return {"visits": 0}
+
+        def load_state_dict(self, state_dict):
+            calls.append(("Callback.load_state_dict", state_dict["visits"]))
+
+        def on_load_checkpoint(self, trainer, module, checkpoint):
+            calls.append(("Callback.on_load_checkpoint", sorted(checkpoint["state_dict"])[0]))
+
+        def on_fit_start(self, trainer, module):
+            calls.append(("Callback.on_fit_start", trainer.optimizers[0].state_dict()["state"] == {}))
+            weights_at_start.append(module.net[0].weight.detach().clone())
+
+    saved["callbacks"] = {Stateful().state_key: {"visits": 3}}
+    torch.save(saved, path)
+
+    class Resumed(AdamRegressor):
+        def on_load_checkpoint(self, checkpoint):
+            calls.append(("on_load_checkpoint", sorted(checkpoint["state_dict"])[0]))
+            checkpoint["state_dict"] = {key.replace("old_net.", "net."): value
+                                        for key, value in checkpoint["state_dict"].items()}
+
+        def configure_optimizers(self):
+            calls.append(("configure_optimizers",))
+            return super().configure_optimizers()
+
+        def zero_grad(self, *args, **kwargs):
+            calls.append(("zero_grad",))
+            return super().zero_grad(*args, **kwargs)
+
+        def on_train_start(self):
+            calls.append(("on_train_start", self.trainer.optimizers[0].state_dict()["state"] != {}))
+
+    model = Resumed()
+    quiet_trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, callbacks=[Stateful()]).fit(
+        model, loader(n=16), ckpt_path=path)
+    assert calls == [
+        ("on_load_checkpoint", "old_net.0.bias"),
+        ("Callback.on_load_checkpoint", "net.0.bias"),  # after the module edited the checkpoint
+        ("Callback.load_state_dict", 3),
+        ("configure_optimizers",),
+        ("Callback.on_fit_start", True),  # the saved optimizer state is not loaded yet, as in Lightning
+        ("zero_grad",),
+        ("on_train_start", True),
+    ]
+    assert torch.equal(weights_at_start[0], saved["state_dict"]["old_net.0.weight"])  # the renamed key loaded

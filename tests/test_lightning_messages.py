@@ -77,7 +77,7 @@ def test_extra_scheduler_keys_and_onecycle_per_epoch_warn():
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "intervall": "step"}}
 
-    with pytest.warns(RuntimeWarning, match=r"unsupported lr_scheduler key\(s\) \['intervall'\]"):
+    with pytest.warns(RuntimeWarning, match=r"Found unsupported keys in the lr scheduler dict: \{'intervall'\}"):
         quiet(max_steps=1).fit(Extra(), data())
 
     class OneCycle(LitModel):
@@ -86,7 +86,7 @@ def test_extra_scheduler_keys_and_onecycle_per_epoch_warn():
             scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=10)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
 
-    with pytest.warns(RuntimeWarning, match="did you mean 'interval': 'step'"):
+    with pytest.warns(RuntimeWarning, match="Are you sure you didn't mean 'interval': 'step'"):
         quiet(max_steps=1).fit(OneCycle(), data())
 
 
@@ -95,5 +95,6 @@ def test_a_module_left_in_eval_mode_and_a_logging_interval_longer_than_the_epoch
     model.layer.eval()
     with pytest.warns(UserWarning, match=r"1 module\(s\) are in eval mode at the start of training"):
         quiet(max_steps=1).fit(model, data())
-    with pytest.warns(UserWarning, match=r"has 4 batches per epoch, fewer than Trainer\(log_every_n_steps=50\)"):
+    with pytest.warns(UserWarning, match=r"The number of training batches \(4\) is smaller than the logging interval "
+                                         r"Trainer\(log_every_n_steps=50\)"):
         quiet(max_steps=1, logger=CSVLogger(tmp_path)).fit(LitModel(), data())

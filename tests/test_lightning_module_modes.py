@@ -113,3 +113,27 @@ def test_to_torchscript_keeps_each_submodule_mode():
     model = FrozenBackbone()
     model.to_torchscript()
     assert model.net.training and not model.backbone.training
+
+
+def test_the_strategy_wrapper_is_in_eval_mode_during_validation_and_back_in_train_mode_after(monkeypatch):
+    """As in Lightning, validation switches ``trainer.model`` (here DDP's wrapper), not only the module."""
+    from trainer import Callback
+
+    # One rank as torchrun starts it: DDP wraps the module in this process.
+    for name, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}.items():
+        monkeypatch.setenv(name, value)
+
+    seen: list[tuple[str, str, bool]] = []
+
+    class WatchMode(Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            seen.append(("train", type(trainer.model).__name__, trainer.model.training))
+
+        def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+            seen.append(("val", type(trainer.model).__name__, trainer.model.training))
+
+    trainer = quiet_trainer(strategy="ddp", devices=1, accelerator="cpu", max_steps=2, val_check_interval=1,
+                            limit_val_batches=1, num_sanity_val_steps=0, callbacks=[WatchMode()])
+    trainer.fit(Regressor(), loader(n=16), loader(n=8))
+    assert seen == [("train", "DistributedDataParallel", True), ("val", "DistributedDataParallel", False)] * 2

@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from trainer import Trainer
 from trainer.callbacks import ModelCheckpoint
+from trainer.demos.boring_classes import BoringModel
 from trainer.strategies.errors import ConfigurationError
 from helpers import Regressor, loader, quiet_trainer
 
@@ -286,3 +288,68 @@ def test_gradients_kept_after_the_step_are_released_before_validation():
         seen.clear()
         quiet_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1).fit(cls(), loader(n=32), loader(n=8))
         assert seen == [released], cls.__name__
+
+
+@pytest.mark.parametrize("save_on_train_epoch_end", [False, True])
+def test_a_step_interval_plateau_scheduler_steps_after_the_batch_validation(tmp_path, save_on_train_epoch_end):
+    """As in Lightning, a step-interval ReduceLROnPlateau steps after its batch's validation (the other step-interval
+    schedulers right after the optimizer step): a checkpoint saved at validation's end holds it one step behind."""
+    seen = {}
+
+    class Model(BoringModel):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", float(batch_idx))
+            return super().training_step(batch, batch_idx)
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.Adam(self.parameters())
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+            step = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+            return [optimizer], [{"scheduler": plateau, "interval": "step", "monitor": "foo"},
+                                 {"scheduler": step, "interval": "step"}]
+
+        def on_save_checkpoint(self, checkpoint):
+            seen["plateau_last_epoch"] = checkpoint["lr_schedulers"][0]["last_epoch"]
+            seen["step_count"] = checkpoint["lr_schedulers"][1]["_step_count"]
+
+    trainer = Trainer(default_root_dir=tmp_path, enable_progress_bar=False, logger=False, enable_model_summary=False,
+                      max_epochs=1, limit_train_batches=4, limit_val_batches=1,
+                      callbacks=[ModelCheckpoint(dirpath=tmp_path, save_on_train_epoch_end=save_on_train_epoch_end)])
+    trainer.fit(Model())
+    assert seen["plateau_last_epoch"] == (4 if save_on_train_epoch_end else 3)
+    assert seen["step_count"] - 1 == 4
+
+
+def test_resuming_from_a_checkpoint_saved_before_a_plateau_step_steps_it_and_ends_the_same(tmp_path):
+    """A checkpoint saved at an in-epoch validation's end holds the step-interval ReduceLROnPlateau before its step
+    (Lightning's order); the resumed fit steps it first, so it ends with the learning rates and weights of the fit
+    that never stopped."""
+
+    class Plateau(BoringModel):
+        def validation_step(self, batch, batch_idx):
+            self.log("worsening", float(self.trainer.global_step))  # never improves: the rate halves every step
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
+            return [optimizer], [{"scheduler": plateau, "interval": "step", "monitor": "worsening"}]
+
+    def fit(root, ckpt_path=None):
+        torch.manual_seed(0)
+        model = Plateau()
+        trainer = Trainer(default_root_dir=root, max_epochs=2, limit_train_batches=4, val_check_interval=1,
+                          limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False,
+                          callbacks=[ModelCheckpoint(dirpath=root, save_top_k=-1, save_on_train_epoch_end=False,
+                                                     filename="{step}")])  # fmt: skip
+        trainer.fit(model, ckpt_path=ckpt_path)
+        return model, trainer
+
+    whole, whole_trainer = fit(tmp_path / "whole")
+    saved = torch.load(tmp_path / "whole" / "step=2.ckpt", weights_only=False)
+    assert saved["loops"]["fit"]["plateau_pending"] is True
+    resumed, resumed_trainer = fit(tmp_path / "resumed", ckpt_path=tmp_path / "whole" / "step=2.ckpt")
+    assert resumed_trainer.optimizers[0].param_groups[0]["lr"] == whole_trainer.optimizers[0].param_groups[0]["lr"]
+    assert whole_trainer.optimizers[0].param_groups[0]["lr"] < 0.1 / 2**3
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)

@@ -1,8 +1,10 @@
 """Hook dispatch: look up once who overrides which hook, then call only those.
 
 Order between the module and callbacks for one hook, as in Lightning: the callbacks first, then the module,
-on every hook. One exception, ``on_train_epoch_end``: the callbacks that monitor a metric (checkpointing, early
-stopping, the timer) run after the module, so they see what it logged there; the others run before it.
+on every hook. Two exceptions: on restore, the module's ``on_load_checkpoint`` runs first (it may edit the
+checkpoint before the weights load); on ``on_train_epoch_end`` the callbacks that monitor a metric
+(checkpointing, early stopping, the timer) run after the module, so they see what it logged there; the others
+run before it.
 ``setup`` and ``teardown`` get ``stage=`` as a keyword, as in Lightning.
 """
 from __future__ import annotations
@@ -57,6 +59,18 @@ class HookDispatcher:
             hook(trainer, trainer.module, *args, **kwargs)
         module_hook = self.module_hooks.get(name)
         return module_hook(*args, **kwargs) if module_hook is not None else None
+
+    def module_then_callbacks(self, trainer: Any, name: str, *args: Any,
+                              before_callbacks: Optional[Callable[[], Any]] = None) -> None:  # fmt: skip
+        """Hook ``name`` on the module first, then ``before_callbacks()``, then on the callbacks: Lightning's order
+        for ``on_load_checkpoint`` on restore (the module may still edit the checkpoint before its weights load)."""
+        module_hook = self.module_hooks.get(name)
+        if module_hook is not None:
+            module_hook(*args)
+        if before_callbacks is not None:
+            before_callbacks()
+        for hook in self.callback_hooks.get(name, ()):
+            hook(trainer, trainer.module, *args)
 
     def train_epoch_end(self, trainer: Any, between: Callable[[], None]) -> None:
         """``on_train_epoch_end``: the other callbacks, the module, ``between()``, then the monitoring callbacks."""

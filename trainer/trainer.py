@@ -331,20 +331,23 @@ class Trainer:
             if self.sync_batchnorm:
                 sync_batchnorm_layers(model, self.strategy, self._layer_sync)
             self._setup_module(model)
-            self._setup_optimizers(model)
             self.should_stop = False
-            # Every stage starts without gradients, as in Lightning; before the restore, since a checkpoint saved
-            # inside an accumulation window brings that window's gradients back (exact resume).
-            model.zero_grad()
+            # Lightning's order: the module's and callbacks' state before configure_optimizers, the optimizers'
+            # and schedulers' after on_fit_start (see trainer.loops.fit_loop).
             ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
-            if ckpt_path is not None:
-                self._checkpoint.restore_training(ckpt_path)
-            else:
+            restoring = ckpt_path is not None and self._checkpoint.restore_modules_and_callbacks(ckpt_path)
+            self._setup_optimizers(model)
+            if not restoring:
                 fit_outcome.warn_if_already_done(self)  # a second fit() on a finished Trainer
-            progress = self.fit_loop.progress
-            trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
             warn_modules_in_eval_mode(model)  # each submodule keeps its own mode, as in Lightning
             self._call_hook("on_fit_start")
+            # Every stage starts without gradients, as in Lightning; before the rest of the restore, since a
+            # checkpoint saved inside an accumulation window brings that window's gradients back (exact resume).
+            model.zero_grad()
+            if restoring:
+                self._checkpoint.restore_training_state()
+            progress = self.fit_loop.progress
+            trained_from = None if self.fit_loop.done else (progress.global_step, progress.total_batches)
             if self.enable_autolog_hparams:
                 self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses
@@ -533,9 +536,9 @@ class Trainer:
                                    agree)  # fmt: skip
         self._last_train_reload_epoch = self.current_epoch
         if self.loggers and not self.fast_dev_run and self.num_training_batches < self.log_every_n_steps:
-            rank_zero_warn(f"The training dataloader has {self.num_training_batches} batches per epoch, fewer than "
-                           f"Trainer(log_every_n_steps={self.log_every_n_steps}): training values reach the loggers "
-                           "less than once per epoch. Lower log_every_n_steps to see them every epoch.")  # fmt: skip
+            rank_zero_warn(f"The number of training batches ({self.num_training_batches}) is smaller than the logging "
+                           f"interval Trainer(log_every_n_steps={self.log_every_n_steps}): training values reach the "
+                           "loggers less than once per epoch. Lower log_every_n_steps to see them every epoch.")  # fmt: skip
 
     def _load_val_data(self) -> None:
         """Request fit's validation loaders where Lightning does: the first time validation runs, then again when
@@ -678,6 +681,12 @@ class Trainer:
 
         def mark_done() -> None:
             progress.val_pending = False  # a checkpoint saved in on_validation_end must not re-run this validation
+            if progress.plateau_pending:  # ... and must step the step's plateau schedulers with these values
+                metrics = self.callback_metrics
+                progress.plateau_metrics = {
+                    c.monitor: float(metrics[c.monitor]) for c in self.lr_scheduler_configs
+                    if c.interval == "step" and c.reduce_on_plateau and c.monitor in metrics
+                }  # fmt: skip
 
         EvaluationLoop(self, "validate").run(self._val_dataloaders, self._val_batch_limits, self._metrics.val,
                                              True, mark_done)  # fmt: skip

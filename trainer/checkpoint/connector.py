@@ -53,6 +53,7 @@ class CheckpointConnector:
         self.data_position = TrainDataPosition()
         self.last_saved_path: Optional[str] = None  # the newest full checkpoint this Trainer wrote or resumed from
         self._resume: Optional[dict[str, Any]] = None
+        self._pending: Optional[tuple[Any, dict[str, Any]]] = None  # restored in part: the rest after on_fit_start
         self._writer: Any = None  # the BackgroundWriter of asynchronous saves, created by the first one
 
     # ------------------------------------------------------------------ saving
@@ -296,38 +297,76 @@ class CheckpointConnector:
         if loaded is not None:
             self._load_module_state(loaded[1], loaded[0])
 
-    def restore_training(self, ckpt_path: Union[str, os.PathLike]) -> None:
-        """Restore everything a fit needs to continue exactly: weights, optimizers, schedulers, scaler,
-        progress, callbacks, datamodule and RNG."""
+    def restore_modules_and_callbacks(self, ckpt_path: Union[str, os.PathLike]) -> bool:
+        """First half of a fit's restore, before ``configure_optimizers`` (Lightning's order): the module's
+        ``on_load_checkpoint`` (it may still edit the checkpoint), the weights, the datamodule's state, then the
+        callbacks' ``on_load_checkpoint`` and ``load_state_dict``. False when there is nothing to restore (``"last"``
+        before any checkpoint). :meth:`restore_training_state` does the rest once the optimizers exist."""
         trainer = self.trainer
-        strategy = trainer.strategy
         loaded = self.load(ckpt_path)
         if loaded is None:
-            return
+            return False
         path, checkpoint = loaded
-        self._load_module_state(checkpoint, path)
         if "optimizer_states" not in checkpoint:
             raise CheckpointError(
                 f"'{path}' holds weights only (saved with weights_only=True) and cannot resume training. Load the "
                 "weights with Module.load_from_checkpoint(path) and start a new fit instead."
             )
+        def weights_and_datamodule() -> None:
+            self._load_module_state(checkpoint, path)
+            self._restore_datamodule(checkpoint)
+
+        trainer._hooks.module_then_callbacks(trainer, "on_load_checkpoint", checkpoint,
+                                             before_callbacks=weights_and_datamodule)  # fmt: skip
+        saved_callbacks = checkpoint.get("callbacks", {})
+        for callback in trainer.callbacks:
+            state = callback_state(saved_callbacks, callback.state_key)
+            if state:
+                callback.load_state_dict(state)
+        self.restore_progress(checkpoint)  # before on_fit_start: a callback there knows the fit resumed (see docs)
+        self._pending = (path, checkpoint)
+        return True
+
+    def _restore_datamodule(self, checkpoint: dict[str, Any]) -> None:
+        datamodule = self.trainer.datamodule
+        if datamodule is not None:
+            state = checkpoint.get(type(datamodule).__qualname__, checkpoint.get("datamodule"))
+            if state is not None:  # "datamodule": where checkpoints of earlier versions kept it
+                datamodule.load_state_dict(state)
+
+    def restore_training_state(self) -> None:
+        """Second half, after ``on_fit_start`` as in Lightning (a callback such as BaseFinetuning has re-created the
+        parameter groups the saved optimizer state has): optimizers, schedulers, scaler, the gradients of a
+        checkpoint saved inside an accumulation window, and the RNG to put back when training starts."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        path, checkpoint = pending
+        trainer = self.trainer
+        strategy = trainer.strategy
         states = checkpoint["optimizer_states"]
         if len(states) != len(trainer.optimizers):
             raise CheckpointError(
                 f"'{path}' has {len(states)} optimizer state(s) but configure_optimizers returned "
                 f"{len(trainer.optimizers)}."
             )
-        # Callbacks first: one may re-create the parameter groups the saved optimizer state has (BaseFinetuning).
-        saved_callbacks = checkpoint.get("callbacks", {})
-        for callback in trainer.callbacks:
-            state = callback_state(saved_callbacks, callback.state_key)
-            if state:
-                callback.load_state_dict(state)
         for optimizer, state in zip(trainer.optimizers, states):
             strategy.load_optimizer_state_dict(optimizer, state)
         for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
             config.scheduler.load_state_dict(state)
         strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+        self._restore_accumulated_grads(checkpoint.get("accumulated_grads"), path)
+        trainer.ckpt_path = self.last_saved_path = str(path)
+        self._resume = {"rng": checkpoint.get("rng"), "train_sampler": checkpoint.get("train_sampler")}
+        progress = trainer.fit_loop.progress
+        if trainer.fit_loop.done:
+            rank_zero_info("Nothing to train: the checkpoint '%s' is already at epoch %d, step %d (max_epochs=%d, "
+                           "max_steps=%d). Raise them to train further.", path, progress.epoch,
+                           progress.global_step, trainer.max_epochs, trainer.max_steps)  # fmt: skip
+
+    def restore_progress(self, checkpoint: dict[str, Any]) -> None:
+        """The loops' counters and ``should_stop``; an epoch saved finished continues with the next one."""
+        trainer = self.trainer
         loops = checkpoint.get("loops", {})
         progress = trainer.fit_loop.progress
         progress.load_state_dict(loops.get("fit", {}))
@@ -336,18 +375,6 @@ class CheckpointConnector:
             progress.epoch += 1
             progress.batch_in_epoch = 0
             progress.epoch_finished = False
-        if trainer.datamodule is not None:
-            datamodule_state = checkpoint.get(type(trainer.datamodule).__qualname__, checkpoint.get("datamodule"))
-            if datamodule_state is not None:  # "datamodule": where checkpoints of earlier versions kept it
-                trainer.datamodule.load_state_dict(datamodule_state)
-        self._restore_accumulated_grads(checkpoint.get("accumulated_grads"), path)
-        trainer._call_hook("on_load_checkpoint", checkpoint)
-        trainer.ckpt_path = self.last_saved_path = str(path)
-        self._resume = {"rng": checkpoint.get("rng"), "train_sampler": checkpoint.get("train_sampler")}
-        if trainer.fit_loop.done:
-            rank_zero_info("Nothing to train: the checkpoint '%s' is already at epoch %d, step %d (max_epochs=%d, "
-                           "max_steps=%d). Raise them to train further.", path, progress.epoch,
-                           progress.global_step, trainer.max_epochs, trainer.max_steps)  # fmt: skip
 
     def _restore_accumulated_grads(self, saved: Optional[dict[str, Any]], path: Any) -> None:
         if not saved:

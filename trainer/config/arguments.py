@@ -47,7 +47,7 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
         raise ConfigurationError(f"min_steps={min_steps} is larger than max_steps={max_steps}.")
     reload_every = args["reload_dataloaders_every_n_epochs"]
     _require(_is_int(reload_every) and reload_every >= 0,
-             f"reload_dataloaders_every_n_epochs={reload_every!r} must be an int >= 0 (0: never).")
+             f"reload_dataloaders_every_n_epochs={reload_every!r}: it should be an int >= 0 (0: never).")
 
     check_accumulate_grad_batches(args["accumulate_grad_batches"])
     clip, algorithm = args["gradient_clip_val"], args["gradient_clip_algorithm"]
@@ -65,7 +65,7 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
         interval = out["val_check_interval"] = int(interval)  # a whole float counts batches, as in Lightning
     _require(interval is None or (isinstance(interval, float) and 0.0 < interval <= 1.0) or (_is_int(interval) and interval >= 1),
              f"val_check_interval={interval!r} must be None, a float in (0.0, 1.0] (fraction of an epoch) "
-             "or an int >= 1 (number of training batches).")
+             f"or an int >= 1 (number of training batches); you have passed invalid value {interval!r}.")
     every_n = args["check_val_every_n_epoch"]
     _require(every_n is None or (_is_int(every_n) and every_n >= 1),
              f"check_val_every_n_epoch={every_n!r} must be None or an int >= 1.")
@@ -91,7 +91,7 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     overfit = out["overfit_batches"] = validate_limit("overfit_batches", args["overfit_batches"])
     fast = args["fast_dev_run"]
     _require(isinstance(fast, bool) or (_is_int(fast) and fast >= 0),
-             f"fast_dev_run={fast!r} must be True/False or a number of batches >= 0.")
+             f"fast_dev_run={fast!r} is not a valid configuration: it should be >= 0 (a number of batches) or True/False.")
     if fast:
         batches = 1 if fast is True else int(fast)
         out.update(limit_train_batches=batches, limit_val_batches=batches, limit_test_batches=batches,

@@ -106,12 +106,16 @@ def _rebuilt(loader: DataLoader, sampler: Any, advice: str) -> DataLoader:
         ) from None
 
 
-def without_shuffle(loader: Any, role: str = "training") -> Any:
-    """``overfit_batches``: a shuffling DataLoader rebuilt to read in order, so every epoch sees the same batches."""
-    if not isinstance(loader, DataLoader) or type(loader.sampler) is not RandomSampler:
+def without_shuffle(loader: Any, role: str = "train") -> Any:
+    """``overfit_batches``: a DataLoader whose sampler does not read in order (``shuffle=True`` or any other sampler
+    than ``SequentialSampler``, as Lightning decides) rebuilt to read in order, so every epoch sees the same
+    batches. ``role``: ``"train"`` or ``"val"``, as Lightning's warning names the loader."""
+    if (not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset)
+            or isinstance(loader.sampler, SequentialSampler) or type(loader.batch_sampler) not in (BatchSampler, type(None))):  # fmt: skip
         return loader
-    rank_zero_warn(f"overfit_batches: the {role} dataloader shuffles; it reads in order instead, so every epoch "
-                   "sees the same batches.")  # fmt: skip
+    rank_zero_warn(f"overfit_batches: you requested to overfit but enabled {role} dataloader shuffling (its sampler is "
+                   f"a {type(loader.sampler).__name__}); it reads in order instead, so every epoch sees the same "
+                   "batches.")  # fmt: skip
     return _rebuilt(loader, SequentialSampler(loader.dataset), "Pass a DataLoader with shuffle=False.")
 
 

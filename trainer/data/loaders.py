@@ -138,7 +138,7 @@ def ready_loader(loader: Any, argument: str, training: bool, sampler_kwargs: Opt
     if overfit:
         from trainer.data.distributed import without_shuffle
 
-        loader = without_shuffle(loader, "training" if training else "validation")
+        loader = without_shuffle(loader, "train" if training else "val")
     return prepare_loader(loader, sampler_kwargs, training, use_distributed_sampler, pin_memory)
 
 
@@ -162,8 +162,8 @@ def validate_limit(name: str, limit: Optional[Number]) -> Optional[Number]:
         return int(limit)
     if isinstance(limit, float) and not 0.0 <= limit <= 1.0:
         raise ConfigurationError(
-            f"{name}={limit} is a fraction outside [0.0, 1.0]. Use a float for a fraction of the dataloader "
-            "or an int for a number of batches."
+            f"{name}={limit} is a fraction outside [0.0, 1.0] (you have passed invalid value {limit} for {name}). Use "
+            "a float in [0.0, 1.0] for a fraction of the dataloader or an int for a number of batches."
         )
     if isinstance(limit, int) and limit < 0:
         raise ConfigurationError(f"{name}={limit} must be >= 0.")
@@ -181,8 +181,8 @@ def limited_batches(loader: Any, limit: Optional[Number], name: str) -> float:
         if limit == 0.0:
             return 0
         raise ConfigurationError(
-            f"{name}={limit} is a fraction, but the dataloader has no length (an IterableDataset). "
-            f"Use an int number of batches, e.g. {name}=100."
+            f"{name}={limit} is a fraction, but the dataloader has no length (an `IterableDataset`): `Trainer({name})` "
+            f"must be `1.0` or an int (a number of batches), e.g. {name}=100."
         )
     batches = int(length * limit)
     if batches == 0 and limit > 0 and length > 0:

@@ -60,7 +60,7 @@ class EvaluationLoop:
         batch_start = trainer._hooks.caller(trainer, f"on_{prefix}_batch_start")
         batch_end = trainer._hooks.caller(trainer, f"on_{prefix}_batch_end")
         modes = ModuleModes()
-        modes.capture(module)  # each submodule's own mode, put back after (a frozen backbone stays in eval)
+        modes.capture(module._running_model())  # each submodule's own mode and the wrapper's, put back after
         previous_results = trainer._results
         trainer._results = results
         results.reset()
@@ -127,7 +127,7 @@ class PredictionLoop:
         """One list of outputs per dataloader (a flat list when there is one dataloader)."""
         module = self.trainer.module
         modes = ModuleModes()
-        modes.capture(module)
+        modes.capture(module._running_model())
         module.on_predict_model_eval()
         try:
             all_outputs = self._run(loaders, batch_limits, return_predictions)

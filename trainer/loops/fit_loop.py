@@ -7,10 +7,14 @@
     setup(stage="fit")                           # datamodule → callbacks → module
     configure_model()                            # only if overridden; once per module, in the strategy's init context
     strategy.setup_module(module)                # precision conversion, device, DDP/FSDP wrapping, materialising
+    [restore ckpt_path, first half]              # module.on_load_checkpoint(checkpoint) (may edit it), weights,
+                                                 # datamodule state, callbacks' on_load_checkpoint, load_state_dict,
+                                                 # loop progress
     configure_optimizers() → strategy.setup_optimizers(...)
-    [restore ckpt_path]                          # on_load_checkpoint: callbacks → module
     [warning if submodules are in eval mode: each keeps its own mode, as in Lightning]
     on_fit_start                                 # callbacks → module
+    module.zero_grad()
+    [restore ckpt_path, second half]             # optimizers, schedulers, scaler, accumulated gradients
     [sanity check]                               # on_sanity_check_start, val_dataloader(), validation loop,
                                                  # on_sanity_check_end
     train_dataloader()                           # (earlier if something read trainer.train_dataloader)
@@ -40,7 +44,9 @@
             [after a step, at agreed steps: stop signals → save interrupted.ckpt, exit; non-finite loss → stop]
             if val_check_interval is reached, or should_stop is set (and min_epochs/min_steps are met) in an epoch
             that validates: [at a window's end: on_validation_model_zero_grad, where gradients outlived the step
-            (zero-grad hooks, manual optimisation) or it is overridden] validation loop (below); stop if should_stop
+            (zero-grad hooks, manual optimisation) or it is overridden] validation loop (below)
+            [after a step: step-interval ReduceLROnPlateau schedulers, which see this batch's and validation's metrics]
+            stop at max_steps, or if should_stop
         on_train_epoch_end                          # other callbacks → module → monitoring callbacks
                                                     # (ModelCheckpoint, EarlyStopping, Timer, the progress bar), after
                                                     # ReduceLROnPlateau epoch schedulers step (epoch reached its end);

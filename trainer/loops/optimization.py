@@ -59,19 +59,45 @@ def _explain_backward_error(err: RuntimeError) -> None:
 
 
 class StepCounter:
-    """Shared bookkeeping after an optimizer step: global step, skipped steps, step-interval schedulers."""
+    """Shared bookkeeping after an optimizer step: global step, skipped steps, step-interval schedulers.
+
+    As in Lightning, step-interval ``ReduceLROnPlateau`` schedulers step later than the others: after the batch's
+    ``on_train_batch_end`` and validation (they see its metrics); the epoch loop calls :meth:`step_plateau` then."""
 
     def __init__(self, trainer: "LoopHost") -> None:
         self.trainer = trainer
-        self.step_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "step"]
+        self.step_schedulers: list[Any] = []
+        self.plateau_schedulers: list[Any] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read the step-interval schedulers again (a callback may have replaced them, e.g. SWA's SWALR)."""
+        configs = [c for c in self.trainer.lr_scheduler_configs if c.interval == "step"]
+        self.step_schedulers = [c for c in configs if not c.reduce_on_plateau]
+        self.plateau_schedulers = [c for c in configs if c.reduce_on_plateau]
 
     def after_step(self, stepped: bool) -> None:
         progress = self.trainer.fit_loop.progress
         progress.global_step += 1
         if not stepped:
             progress.skipped_steps += 1  # an fp16 step skipped for inf/nan gradients: schedulers wait too
-        elif self.step_schedulers:
+            return
+        if self.step_schedulers:
             step_schedulers(self.step_schedulers, "step", progress.global_step, lambda: self.trainer.callback_metrics)
+        if self.plateau_schedulers:
+            progress.plateau_pending = True  # saved in checkpoints: a resume steps them where this run would
+
+    def step_plateau(self) -> None:
+        """Step the step-interval ``ReduceLROnPlateau`` schedulers of the last step (after its batch's validation)."""
+        progress = self.trainer.fit_loop.progress
+        progress.plateau_pending = False
+        saved, progress.plateau_metrics = progress.plateau_metrics, {}
+
+        def metrics() -> dict[str, Any]:  # a resumed fit's validation values come from the checkpoint
+            live = self.trainer.callback_metrics
+            return {**saved, **live} if saved else live
+
+        step_schedulers(self.plateau_schedulers, "step", progress.global_step, metrics)
 
 
 class AutomaticOptimization:
@@ -133,7 +159,8 @@ class AutomaticOptimization:
         self.plain = (
             optimizer is not None and trainer.strategy.plain_steps and not self.custom_step
             and not self.custom_zero_grad and not self.custom_clipping and not self.clip_val
-            and not self.counter.step_schedulers and self.backward_context is None
+            and not self.counter.step_schedulers and not self.counter.plateau_schedulers
+            and self.backward_context is None
             and all(hook is None for hook in (self.before_backward, self.after_backward,
                                               self.before_optimizer_step, self.before_zero_grad))
         )  # fmt: skip
@@ -143,7 +170,7 @@ class AutomaticOptimization:
         same step in fewer calls (:meth:`_run_plain`) when nothing between them would act."""
         self.accumulate = accumulate
         # A callback may have replaced the schedulers since (StochasticWeightAveraging's SWALR).
-        self.counter.step_schedulers = [c for c in self.trainer.lr_scheduler_configs if c.interval == "step"]
+        self.counter.refresh()
         # The guard's check records or reads the loss (decided when the fit starts); None skips the micro-batch.
         self.loss_check = self.guard.check if self.guard is not None else None
         if not (self.plain and accumulate == 1) or self.agree_skips:
@@ -435,7 +462,7 @@ class ManualOptimizer(OptimizerWrapper):
         self._optimizer = optimizer
         self._trainer = trainer
         self._counter = StepCounter(trainer)
-        self._counter.step_schedulers = []  # in manual optimisation the user steps schedulers
+        self._counter.step_schedulers = self._counter.plateau_schedulers = []  # the user steps them (manual)
         self._imitate()
 
     @property

@@ -47,17 +47,20 @@ def _scheduler_config(item: Any, monitor: Optional[str] = None, automatic: bool 
         unknown = set(item) - set(_SCHEDULER_KEYS)
         if unknown:  # Lightning warns and ignores them (a typo'd key then does nothing: hence the warning)
             warnings.warn(
-                f"configure_optimizers: unsupported lr_scheduler key(s) {sorted(unknown)} are ignored. Valid keys: "
-                f"{list(_SCHEDULER_KEYS)}; remove the others (a misspelt 'interval' or 'frequency' has no effect).",
+                f"configure_optimizers: Found unsupported keys in the lr scheduler dict: {{{', '.join(map(repr, sorted(unknown)))}}}; "
+                f"they are ignored. Valid keys: {list(_SCHEDULER_KEYS)}; remove the others (a misspelt 'interval' or "
+                "'frequency' has no effect).",
                 RuntimeWarning,
                 stacklevel=2,
             )
         if "scheduler" not in item:
-            raise ConfigurationError("configure_optimizers: an lr_scheduler dict needs a 'scheduler' key.")
+            raise ConfigurationError('configure_optimizers: The lr scheduler dict must have the key "scheduler" with '
+                                     "its item being an lr scheduler.")  # fmt: skip
         if not automatic and {"monitor", "strict"} & set(item):
             warnings.warn(
-                f"configure_optimizers: the lr_scheduler keys {sorted({'monitor', 'strict'} & set(item))} are ignored "
-                "in manual optimisation, where you call scheduler.step() yourself.", RuntimeWarning, stacklevel=3,
+                f"configure_optimizers: The lr scheduler dict contains the key(s) {sorted({'monitor', 'strict'} & set(item))}, "
+                "but the keys will be ignored in manual optimisation, where you call scheduler.step() yourself.",
+                RuntimeWarning, stacklevel=3,
             )
         config = SchedulerConfig(**{"monitor": monitor, **{k: v for k, v in item.items() if k not in unknown}})
     else:
@@ -73,27 +76,30 @@ def _scheduler_config(item: Any, monitor: Optional[str] = None, automatic: bool 
         return config
     if not hasattr(scheduler, "step") or not hasattr(scheduler, "optimizer"):
         raise ConfigurationError(
-            f"configure_optimizers: {type(scheduler).__name__} is not an LR scheduler (it needs .step() and "
-            ".optimizer, like torch.optim.lr_scheduler classes)."
+            f"configure_optimizers: The provided lr scheduler `{type(scheduler).__name__}` doesn't follow PyTorch's "
+            "LRScheduler API: it needs .step() and .optimizer, like torch.optim.lr_scheduler classes (in manual "
+            "optimisation, where you step it yourself, any scheduler with state_dict/load_state_dict is accepted)."
         )
     if config.interval not in ("epoch", "step"):
         raise ConfigurationError(
-            f"configure_optimizers: lr_scheduler interval={config.interval!r} is not valid. Use 'epoch' or 'step'."
+            f'configure_optimizers: The "interval" key in lr scheduler dict must be "step" or "epoch" but is '
+            f'"{config.interval}".'
         )
     if isinstance(config.frequency, bool) or not isinstance(config.frequency, int) or config.frequency < 1:
         raise ConfigurationError(f"configure_optimizers: lr_scheduler frequency={config.frequency!r} must be an int >= 1.")
     if config.interval == "epoch" and type(scheduler).__name__ == "OneCycleLR":
         warnings.warn(
-            "configure_optimizers: a OneCycleLR scheduler steps with 'interval': 'epoch', so its cycle (total_steps) "
-            "is spread over epochs. OneCycleLR is usually stepped per batch: did you mean 'interval': 'step'?",
+            "configure_optimizers: A `OneCycleLR` scheduler is using 'interval': 'epoch', so its cycle (total_steps) "
+            "is spread over epochs. OneCycleLR is usually stepped per batch: Are you sure you didn't mean "
+            "'interval': 'step'?",
             RuntimeWarning,
             stacklevel=2,
         )
     config.reduce_on_plateau = _is_plateau(scheduler)
     if config.reduce_on_plateau and not config.monitor:
         raise ConfigurationError(
-            "configure_optimizers: ReduceLROnPlateau needs a metric to monitor. Return "
-            "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}."
+            "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used: the metric it "
+            "reduces on. Return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}."
         )
     return config
 
@@ -108,7 +114,8 @@ def _from_dict(item: dict, automatic: bool) -> tuple[Optimizer, list[SchedulerCo
             stacklevel=3,
         )
     if "optimizer" not in item or not _is_optimizer(item["optimizer"]):
-        raise ConfigurationError(f"configure_optimizers returned a dict without a usable 'optimizer'. {_FORMS}")
+        raise ConfigurationError("Unknown configuration for model optimizers: configure_optimizers returned a dict "
+                                 f"without a usable 'optimizer'. {_FORMS}")  # fmt: skip
     schedulers = []
     if item.get("lr_scheduler") is not None:
         schedulers.append(_scheduler_config(item["lr_scheduler"], item.get("monitor"), automatic))
@@ -134,7 +141,7 @@ def parse_optimizers(output: Any, automatic: bool = True) -> tuple[list[Optimize
 
 def _parse(output: Any, automatic: bool) -> tuple[list[Optimizer], list[SchedulerConfig]]:
     if output is None:
-        warnings.warn("configure_optimizers returned None: training runs without an optimizer.", stacklevel=2)
+        warnings.warn("configure_optimizers returned None: this fit will run with no optimizer.", stacklevel=2)
         return [], []
     if _is_optimizer(output):
         return [output], []
@@ -147,7 +154,8 @@ def _parse(output: Any, automatic: bool) -> tuple[list[Optimizer], list[Schedule
             optimizers = list(items[0])
             scheduler_items = items[1] if isinstance(items[1], (list, tuple)) else [items[1]]
             if not optimizers or not all(_is_optimizer(o) for o in optimizers):
-                raise ConfigurationError(f"configure_optimizers: the first list must hold optimizers. {_FORMS}")
+                raise ConfigurationError("Unknown configuration for model optimizers: the first list "
+                                         f"configure_optimizers returned must hold optimizers. {_FORMS}")  # fmt: skip
             return optimizers, [_scheduler_config(s, None, automatic) for s in scheduler_items]
         if items and all(_is_optimizer(o) for o in items):
             return items, []
@@ -158,7 +166,8 @@ def _parse(output: Any, automatic: bool) -> tuple[list[Optimizer], list[Schedule
                 optimizers.append(optimizer)
                 schedulers.extend(configs)
             return optimizers, schedulers
-    raise ConfigurationError(f"configure_optimizers returned {type(output).__name__} {output!r:.200}. {_FORMS}")
+    raise ConfigurationError(f"Unknown configuration for model optimizers: configure_optimizers returned "
+                             f"{type(output).__name__} {output!r:.200}. {_FORMS}")  # fmt: skip
 
 
 def step_schedulers(
@@ -174,10 +183,13 @@ def step_schedulers(
             if value is None:
                 if config.strict:
                     raise ConfigurationError(
-                        f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged. Logged metrics: "
-                        f"{sorted(available)}. Log it with self.log({config.monitor!r}, ...) or set 'strict': False."
+                        f"ReduceLROnPlateau conditioned on metric {config.monitor!r} which is not available. Available "
+                        f"metrics are: {sorted(available)}. Log it with self.log({config.monitor!r}, ...) or set "
+                        "'strict': False."
                     )
-                warnings.warn(f"ReduceLROnPlateau: {config.monitor!r} not logged yet; scheduler not stepped.", stacklevel=2)
+                warnings.warn(f"ReduceLROnPlateau conditioned on metric {config.monitor!r} which is not available but "
+                              "strict is set to `False`: it was not logged yet. Skipping learning rate update.",
+                              RuntimeWarning, stacklevel=2)  # fmt: skip
                 continue
             if config.step_fn is not None:
                 config.step_fn(config.scheduler, float(value))

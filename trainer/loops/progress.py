@@ -1,7 +1,7 @@
 """Where a fit is: the counters saved in checkpoints under ``loops`` and restored on resume."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -12,7 +12,10 @@ class Progress:
     ``batch_in_epoch``: micro-batches finished in ``epoch`` (the resume position). ``val_pending``: the
     last finished batch is due a validation that has not finished yet. ``epoch_finished``: the epoch's
     batches, its epoch-interval schedulers and its ``on_train_epoch_end`` up to the module's are done (only the
-    monitoring callbacks', e.g. checkpointing, remain).
+    monitoring callbacks', e.g. checkpointing, remain). ``plateau_pending``: the last step's step-interval
+    ``ReduceLROnPlateau`` schedulers have not stepped yet (they step after the batch's validation, as in Lightning);
+    ``plateau_metrics``: the values they monitor, kept when a validation ends before they step, so a fit resumed
+    from a checkpoint saved there steps them as the saved run did.
     """
 
     epoch: int = 0
@@ -23,6 +26,8 @@ class Progress:
     skipped_steps: int = 0
     epoch_finished: bool = False
     val_pending: bool = False
+    plateau_pending: bool = False
+    plateau_metrics: dict[str, float] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain values only."""

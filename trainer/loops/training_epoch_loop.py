@@ -55,8 +55,9 @@ class TrainingEpochLoop:
             return max(int(num_batches * interval), 1)
         if every_n is not None and interval > num_batches:
             raise ConfigurationError(
-                f"val_check_interval={interval} exceeds the {int(num_batches)} training batches per epoch. Use a "
-                "smaller value, or check_val_every_n_epoch=None to count batches across epochs."
+                f"val_check_interval={interval} exceeds the {int(num_batches)} training batches per epoch: it must be "
+                "less than or equal to the number of the training batches. Use a smaller value, or "
+                "check_val_every_n_epoch=None to count batches across epochs."
             )
         return interval
 
@@ -84,6 +85,8 @@ class TrainingEpochLoop:
         # validation, as in Lightning (ReduceLROnPlateau at the epoch's end: FitLoop).
         epoch_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "epoch" and not c.reduce_on_plateau
                             ] if self.optimization.steps_schedulers else []  # fmt: skip
+        counter = getattr(self.optimization, "counter", None)  # step-interval ReduceLROnPlateau: after validation
+        plateau = counter if counter is not None and counter.plateau_schedulers else None
         batch_idx = progress.batch_in_epoch
         reached_end = batch_idx >= num_batches
         self.validated_on_stop = False
@@ -102,6 +105,8 @@ class TrainingEpochLoop:
 
         if progress.val_pending:  # resumed from a checkpoint saved between a batch and its validation
             trainer._run_validation_in_fit()
+        if plateau is not None and progress.plateau_pending:  # ... or before that step's plateau schedulers
+            plateau.step_plateau()
 
         for batch, is_last in batches:
             self.is_last_batch = is_last
@@ -156,6 +161,8 @@ class TrainingEpochLoop:
                 if window_end:
                     self.release_gradients()
                 trainer._run_validation_in_fit()
+            if plateau is not None and progress.plateau_pending:
+                plateau.step_plateau()
             if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch)):
                 break
         return reached_end

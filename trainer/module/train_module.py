@@ -352,26 +352,34 @@ class TrainModule(nn.Module):
         Lightning); not called where the loop already cleared them right after the step."""
         self.zero_grad()
 
+    def _running_model(self) -> nn.Module:
+        """``trainer.model`` (the strategy's wrapper, e.g. DDP's, around this module) when attached, else the module:
+        what the mode hooks below switch, as Lightning's switch ``self.trainer.model``."""
+        trainer = self._trainer
+        model = getattr(trainer, "model", None) if trainer is not None else None
+        return model if isinstance(model, nn.Module) else self
+
     def on_validation_model_eval(self) -> None:
-        """Put the module in evaluation mode for validation (override to keep e.g. dropout on)."""
-        self.eval()
+        """Put ``trainer.model`` (the module, and the strategy's wrapper around it) in evaluation mode for
+        validation (override to keep e.g. dropout on)."""
+        self._running_model().eval()
 
     def on_validation_model_train(self) -> None:
-        """Called after validation only when overridden; otherwise each submodule gets back the train/eval mode it
-        had before validation (as in Lightning)."""
-        self.train()
+        """Called after validation only when overridden; otherwise each submodule (and the strategy's wrapper) gets
+        back the train/eval mode it had before validation (as in Lightning)."""
+        self._running_model().train()
 
     def on_test_model_eval(self) -> None:
-        """Put the module in evaluation mode for test."""
-        self.eval()
+        """Put ``trainer.model`` in evaluation mode for test."""
+        self._running_model().eval()
 
     def on_test_model_train(self) -> None:
         """Called after test only when overridden; otherwise each submodule gets back the mode it had before."""
-        self.train()
+        self._running_model().train()
 
     def on_predict_model_eval(self) -> None:
-        """Put the module in evaluation mode for predict."""
-        self.eval()
+        """Put ``trainer.model`` in evaluation mode for predict."""
+        self._running_model().eval()
 
     # ------------------------------------------------------------------ optimisation hooks (automatic optimisation)
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Optional[Callable] = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ class Side:
     pythonpath: tuple[str, ...]
 
 
-def _env(side: Side, results: Path) -> dict[str, str]:
+def _env(side: Side, missing_log: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LT_", "PYTEST_"))}
     env.update(
         PYTHONPATH=os.pathsep.join([*side.pythonpath, str(side.tree)]),
@@ -41,7 +42,7 @@ def _env(side: Side, results: Path) -> dict[str, str]:
         MKL_NUM_THREADS="1",
         CUDA_VISIBLE_DEVICES="",
         PYTHONDONTWRITEBYTECODE="1",
-        LT_MISSING_LOG=str(results / "missing.jsonl"),
+        LT_MISSING_LOG=str(missing_log),
     )
     return env
 
@@ -51,10 +52,14 @@ def junit_path(results: Path, test_file: str) -> Path:
     return results / (test_file.replace("/", "__").removesuffix(".py") + ".xml")
 
 
-def run_file(side: Side, test_file: str, results: Path, timeout: int, file_timeout: int) -> tuple[str, int, float]:
-    """Run one test file; returns (file, pytest's exit code or -9 when killed, seconds)."""
+def run_file(side: Side, test_file: str, results: Path, timeout: int, file_timeout: int, what: str,
+             ) -> tuple[str, int, float]:  # fmt: skip
+    """Run one test file; returns (file, pytest's exit code or -9 when killed, seconds). ``what`` (the code
+    under test) is recorded beside the XML with the time, for the report's header."""
     xml = junit_path(results, test_file)
-    xml.unlink(missing_ok=True)
+    missing_log = xml.with_suffix(".missing.jsonl")
+    for old in (xml, missing_log):
+        old.unlink(missing_ok=True)
     cmd = [side.python, "-m", "pytest", f"tests_pytorch/{test_file}", "-p", "no:cacheprovider", "-q",
            "--tb=short", "-rN", f"--timeout={timeout}", f"--junitxml={xml}", "-o", "junit_logging=no",
            "-o", "console_output_style=classic"]  # fmt: skip
@@ -62,20 +67,23 @@ def run_file(side: Side, test_file: str, results: Path, timeout: int, file_timeo
     start = time.monotonic()
     with open(log, "w") as out:
         try:
-            rc = subprocess.run(cmd, cwd=side.tree, env=_env(side, results), stdout=out, stderr=subprocess.STDOUT,
+            rc = subprocess.run(cmd, cwd=side.tree, env=_env(side, missing_log), stdout=out, stderr=subprocess.STDOUT,
                                 timeout=file_timeout).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             rc = -9
             out.write(f"\n[harness] killed after {file_timeout}s\n")
+    info = {"what": what, "timeout": timeout, "exit": rc, "ended": time.strftime("%Y-%m-%d %H:%M")}
+    xml.with_suffix(".run.json").write_text(json.dumps(info) + "\n")
     return test_file, rc, time.monotonic() - start
 
 
-def run_side(side: Side, test_files: list[str], results: Path, timeout: int, file_timeout: int, jobs: int) -> None:
+def run_side(side: Side, test_files: list[str], results: Path, timeout: int, file_timeout: int, jobs: int,
+             what: str) -> None:  # fmt: skip
     """Run every file of one side (``jobs`` files at a time), printing one line per file as it ends."""
     results.mkdir(parents=True, exist_ok=True)
-    (results / "missing.jsonl").unlink(missing_ok=True)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for test_file, rc, secs in pool.map(lambda f: run_file(side, f, results, timeout, file_timeout), test_files):
+        runs = pool.map(lambda f: run_file(side, f, results, timeout, file_timeout, what), test_files)
+        for test_file, rc, secs in runs:
             print(f"[{side.name}] {test_file}: exit {rc} in {secs:.0f}s", file=sys.stderr, flush=True)
 
 

@@ -18,13 +18,19 @@ from measure import write_ini
 SHIMS = Path(__file__).resolve().parent / "shims"
 
 
-def build_trees(repo: Path, tag: str, work: Path, doc: Path) -> tuple[Path, Path, list[rename.Rule]]:
-    """Extract and rename; returns (lightning tree, ours tree, the rename rules applied)."""
+def build_trees(repo: Path, tag: str, work: Path, doc: Path, rebuild: tuple[str, ...] = ("lightning", "ours"),
+                ) -> tuple[Path, Path, list[rename.Rule]]:  # fmt: skip
+    """Extract and rename the trees named in ``rebuild`` (the Lightning one also when it is not there yet: the
+    classification reads it); returns (lightning tree, ours tree, the rename rules)."""
     lightning_tree, ours_tree = work / "lightning", work / "ours"
-    original = extract_tests(repo, tag, lightning_tree)
-    write_ini(lightning_tree)
-
+    original = lightning_tree / TEST_PACKAGE
+    if "lightning" in rebuild or not original.is_dir():
+        extract_tests(repo, tag, lightning_tree)
+        write_ini(lightning_tree)
     rules = rename.rules_from_doc(doc)
+    if "ours" not in rebuild:
+        return lightning_tree, ours_tree, rules
+
     package = ours_tree / TEST_PACKAGE
     if package.exists():
         shutil.rmtree(package)

@@ -10,6 +10,7 @@ See README.md beside this file for what the figures mean.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import threading
@@ -37,6 +38,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--results", type=Path, default=Path("/tmp/lt/results"), help="where summary.md/results.json go")
     p.add_argument("--python-ours", default=sys.executable, help="interpreter with torch + the framework's deps")
     p.add_argument("--python-lightning", default="/tmp/plvenv/bin/python", help="interpreter with lightning==<tag>")
+    p.add_argument("--test-deps", type=Path, default=Path("/tmp/lt/test_deps"),
+                   help="folder of test-only packages for our side (pip install --target; e.g. jsonargparse)")
     p.add_argument("--side", choices=("both", "ours", "lightning"), default="both", help="which run(s) to do")
     p.add_argument("--files", nargs="*", default=None, help="only these files (paths under tests_pytorch/)")
     p.add_argument("--timeout", type=int, default=60, help="per-test timeout in seconds")
@@ -62,17 +65,26 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"not measured files: {unknown}; choose from {list(HALVES)}")
     doc = args.framework / "docs" / "migrating_from_lightning.md"
-    lightning_tree, ours_tree, rules = build_trees(args.repo, args.tag, work, doc)
+    chosen = [] if args.report_only else ["lightning", "ours"] if args.side == "both" else [args.side]
+    lightning_tree, ours_tree, rules = build_trees(args.repo, args.tag, work, doc, tuple(chosen))
     sides = {
         "lightning": Side("lightning", args.python_lightning, lightning_tree, ()),
-        "ours": Side("ours", args.python_ours, ours_tree, (str(args.framework.resolve()),)),
+        "ours": Side("ours", args.python_ours, ours_tree,
+                     (str(args.framework.resolve()), *([str(args.test_deps)] if args.test_deps.is_dir() else []))),
     }
     out = {name: work / "junit" / name for name in sides}
-    header = [
-        f"- Lightning tests: `{args.repo}` at `{args.tag}`; framework: `{args.framework}` at {_git_head(args.framework)}",
-        f"- rename rules: `{work / 'rename_rules.json'}` ({len(rules)} rules read from `{doc.name}`)",
-        f"- made {time.strftime('%Y-%m-%d %H:%M')}; per-test timeout {args.timeout}s",
-    ]
+    def header() -> list[str]:
+        lines = [f"- Lightning tests: `{args.repo}` at `{args.tag}`; rename rules: `{work / 'rename_rules.json'}` "
+                 f"({len(rules)} rules read from `{doc.name}`); report made {time.strftime('%Y-%m-%d %H:%M')}"]
+        for name, folder in out.items():
+            runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.run.json"))]
+            if runs:
+                ended = sorted(r["ended"] for r in runs)
+                whats = "; ".join(sorted({r["what"] for r in runs}))
+                timeouts = "/".join(sorted({str(r["timeout"]) for r in runs}))
+                lines.append(f"- {name}: {len(runs)} files run on {whats}, ended {ended[0]} to {ended[-1]}, "
+                             f"per-test timeout {timeouts}s")  # fmt: skip
+        return lines
 
     lock = threading.Lock()
 
@@ -82,15 +94,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def _report() -> None:
         rows, missing, pending = build_rows(lightning_tree, out["lightning"], out["ours"], rules)
-        write_report(rows, missing, pending, args.results, header)
+        write_report(rows, missing, pending, args.results, header())
         print(f"[report] {args.results / 'summary.md'}", file=sys.stderr, flush=True)
 
     if not args.report_only:
-        chosen = ["lightning", "ours"] if args.side == "both" else [args.side]
         threads = []
         for name in chosen:  # the two runs go side by side; the report is rewritten as each ends
             def work_side(side: Side = sides[name]) -> None:
-                run_side(side, files, out[side.name], args.timeout, args.file_timeout, args.jobs)
+                what = (f"framework `{args.framework}` at {_git_head(args.framework)}" if side.name == "ours"
+                        else f"`{side.python}`")  # fmt: skip
+                run_side(side, files, out[side.name], args.timeout, args.file_timeout, args.jobs, what)
                 report()
 
             threads.append(threading.Thread(target=work_side))

@@ -33,7 +33,8 @@ class Outcome:
 
     status: str  # passed / failed / skipped / missing (not in the run's XML)
     error: str = ""  # "ExcType: first line of the message"
-    text: str = ""  # the whole failure text (not written out)
+    message: str = ""  # the whole exception message (not written out)
+    text: str = ""  # the message and the traceback (not written out)
 
 
 @dataclass
@@ -84,7 +85,9 @@ def read_junit(xml: Path, test_file: str) -> tuple[dict[str, Outcome], str | Non
         if problems:
             e = problems[0]
             message = e.get("message", "") or ""
-            outcomes[test_id] = Outcome("failed", _first_line(message) or _first_line(e.text or ""),
+            if message.startswith("assert "):  # pytest drops the type of a bare assert's message
+                message = f"AssertionError: {message}"
+            outcomes[test_id] = Outcome("failed", _first_line(message) or _first_line(e.text or ""), message,
                                         f"{message}\n{e.text or ''}")  # fmt: skip
         elif any(e.tag == "skipped" for e in case):
             skip = next(e for e in case if e.tag == "skipped")
@@ -120,10 +123,20 @@ def categorise(outcome: Outcome) -> str:
     return "behaviour"
 
 
-def _group_key(error: str) -> str:
-    error = re.sub(r"0x[0-9a-f]+", "0x…", error)
-    error = re.sub(r"/tmp/\S*", "/tmp/…", error)
+def _group_key(category: str, error: str) -> str:
+    """Failures that differ only in values (numbers, quoted or bracketed literals, paths) share a group."""
+    if category == "text-only":  # one group per kind: raises(match=) or warns(match=)
+        return re.sub(r"\d+", "N", error.split(" Expected regex:")[0].split(" Regex:")[0])
+    if category == "missing name":  # the name is the information
+        return error[:160]
+    for pattern, mask in ((r"0x[0-9a-f]+", "0x…"), (r"/tmp/\S*", "/tmp/…"), (r"'[^']*'|\"[^\"]*\"", "'…'"),
+                          (r"\{[^{}]*\}|\([^()]*\)|\[[^\[\]]*\]", "(…)"), (r"\b\d+(\.\d+)?\b", "N")):  # fmt: skip
+        error = re.sub(pattern, mask, error)
     return error[:160]
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    return " ".join(text.split())[:limit]
 
 
 def _missing_names(results: Path) -> set[str]:
@@ -174,6 +187,8 @@ def build_rows(lightning_tree: Path, lightning_results: Path, ours_results: Path
                 category, error = "behaviour", f"skipped on ours: {mine.error}"
             else:
                 category, error = categorise(mine), mine.error
+                if category == "text-only":  # keep the expected pattern and the actual message
+                    error = _one_line(mine.message)
             counted = public and lightning.status in ("passed", "pending")
             rows.append(Row(test_file, half, test_id, public, cls.reasons if cls else [], lightning.status,
                             mine.status, counted, ours_pass, category, error))  # fmt: skip
@@ -214,16 +229,23 @@ def write_report(rows: list[Row], missing: set[str], pending: dict[str, str], ou
         mark = " (baseline pending)" if test_file in pending else ""
         lines.append(f"| {test_file}{mark} | {half} | {len(sel)} | {sum(r.public for r in sel)} | {len(cnt)} | {ok} "
                      f"| {_pct(ok, len(cnt))} | {cats['text-only']} | {cats['missing name']} | {cats['behaviour']} |")
+    failing = [r for r in counted if not r.ours_pass]
+    by_type = Counter((r.category, r.error.split(":", 1)[0][:60]) for r in failing)
+    lines += ["", "## Counted failures by category and exception type", "", "| n | category | type |", "|---|---|---|"]
+    lines += [f"| {n} | {cat} | `{typ}` |" for (cat, typ), n in by_type.most_common()]
     groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
-    for r in counted:
-        if not r.ours_pass:
-            groups[(r.category, _group_key(r.error))].append(r)
+    for r in failing:
+        groups[(r.category, _group_key(r.category, r.error))].append(r)
     lines += ["", "## Failure groups (counted tests failing on ours, largest first)", "",
               "| n | category | error (type: first line) | tests |", "|---|---|---|---|"]  # fmt: skip
     for (category, error), members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         names = ", ".join(f"{m.file.rsplit('/', 1)[-1]}::{m.id}" for m in members[:4])
         more = f" (+{len(members) - 4})" if len(members) > 4 else ""
         lines.append(f"| {len(members)} | {category} | `{error.replace('|', '/')}` | {names}{more} |")
+    text_only = [r for r in failing if r.category == "text-only"]
+    if text_only:
+        lines += ["", "## Text-only differences (expected pattern, actual message)", ""]
+        lines += [f"- `{r.file.rsplit('/', 1)[-1]}::{r.id}`: {r.error.replace('|', '/')}" for r in text_only]
     if missing:
         lines += ["", "## Names the renamed files import that the framework lacks", ""]
         lines += [f"- `{name}`" for name in sorted(missing)]

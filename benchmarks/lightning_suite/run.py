@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             threads[-1].start()
         for t in threads:
             t.join()
-    report()
+    else:
+        report()
     return 0
 
 

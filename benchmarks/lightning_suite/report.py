@@ -10,6 +10,9 @@ A failure on ours is put in one category:
   keyword argument (a Lightning argument we do not take); also a test that uses a module-level import the
   framework lacks (shims/_lt_guard.py), whatever its outcome;
 * ``behaviour``: anything else (an assertion, another exception, a timeout, a skip on ours).
+
+Each failure also notes a Lightning name its error mentions that the doc lists as partly/not supported
+(documented.py), a triage hint that the difference may be a deliberate one.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import classify
 import rename
+from documented import documented_in
 from files import HALVES, TEST_PACKAGE
 from measure import junit_path
 
@@ -52,6 +56,7 @@ class Row:
     ours_pass: bool
     category: str
     error: str
+    documented: str  # a partly/not-supported Lightning name of the doc that the error mentions (documented.py)
 
 
 def _first_line(message: str) -> str:
@@ -148,7 +153,7 @@ def _missing_names(results: Path) -> set[str]:
 
 
 def build_rows(lightning_tree: Path, lightning_results: Path, ours_results: Path, rules: list[rename.Rule],
-               ) -> tuple[list[Row], set[str], dict[str, str]]:  # fmt: skip
+               doc_names: set[str]) -> tuple[list[Row], set[str], dict[str, str]]:  # fmt: skip
     """Every test of every measured file, joined across the two runs; also the missing names and the
     files whose baseline has not run yet (with why)."""
     missing = _missing_names(ours_results)
@@ -191,7 +196,8 @@ def build_rows(lightning_tree: Path, lightning_results: Path, ours_results: Path
                     error = _one_line(mine.message)
             counted = public and lightning.status in ("passed", "pending")
             rows.append(Row(test_file, half, test_id, public, cls.reasons if cls else [], lightning.status,
-                            mine.status, counted, ours_pass, category, error))  # fmt: skip
+                            mine.status, counted, ours_pass, category, error,
+                            "" if category in ("", "text-only") else documented_in(error, doc_names)))  # fmt: skip
     return rows, missing, pending
 
 
@@ -210,14 +216,15 @@ def write_report(rows: list[Row], missing: set[str], pending: dict[str, str], ou
                   "filtered by Lightning's own pass); figures will drop/rise when the baseline lands.", ""]  # fmt: skip
     counted = [r for r in rows if r.counted]
     lines += ["## Totals (counted = public and passing on Lightning)", "",
-              "| half | counted | passed | % | text-only | missing name | behaviour | % with text-only |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| half | counted | passed | % | text-only | missing name | behaviour | % with text-only | documented |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for half in ("loop", "logging", None):
         sel = [r for r in counted if half is None or r.half == half]
         cats = Counter(r.category for r in sel if not r.ours_pass)
         ok = sum(r.ours_pass for r in sel)
+        doc = sum(bool(r.documented) for r in sel if not r.ours_pass)
         lines.append(f"| {half or '**all**'} | {len(sel)} | {ok} | {_pct(ok, len(sel))} | {cats['text-only']} | "
-                     f"{cats['missing name']} | {cats['behaviour']} | {_pct(ok + cats['text-only'], len(sel))} |")
+                     f"{cats['missing name']} | {cats['behaviour']} | {_pct(ok + cats['text-only'], len(sel))} | {doc} |")
     lines += ["", "## Per file", "",
               "| file | half | tests | public | counted | passed | % | text-only | missing | behaviour |",
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -237,11 +244,12 @@ def write_report(rows: list[Row], missing: set[str], pending: dict[str, str], ou
     for r in failing:
         groups[(r.category, _group_key(r.category, r.error))].append(r)
     lines += ["", "## Failure groups (counted tests failing on ours, largest first)", "",
-              "| n | category | error (type: first line) | tests |", "|---|---|---|---|"]  # fmt: skip
+              "| n | category | error (type: first line) | documented | tests |", "|---|---|---|---|---|"]  # fmt: skip
     for (category, error), members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         names = ", ".join(f"{m.file.rsplit('/', 1)[-1]}::{m.id}" for m in members[:4])
         more = f" (+{len(members) - 4})" if len(members) > 4 else ""
-        lines.append(f"| {len(members)} | {category} | `{error.replace('|', '/')}` | {names}{more} |")
+        doc = ", ".join(sorted({f"`{m.documented}`" for m in members if m.documented}))
+        lines.append(f"| {len(members)} | {category} | `{error.replace('|', '/')}` | {doc} | {names}{more} |")
     text_only = [r for r in failing if r.category == "text-only"]
     if text_only:
         lines += ["", "## Text-only differences (expected pattern, actual message)", ""]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from documented import documented_names  # noqa: E402
 from files import HALVES  # noqa: E402
 from measure import Side, run_side  # noqa: E402
 from prepare import build_trees  # noqa: E402
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             _report()
 
     def _report() -> None:
-        rows, missing, pending = build_rows(lightning_tree, out["lightning"], out["ours"], rules)
+        rows, missing, pending = build_rows(lightning_tree, out["lightning"], out["ours"], rules, documented_names(doc))
         write_report(rows, missing, pending, args.results, header())
         print(f"[report] {args.results / 'summary.md'}", file=sys.stderr, flush=True)
 

@@ -1,0 +1,1 @@
+"""The renamed Lightning test package (built by benchmarks/lightning_suite; edits here are overwritten)."""

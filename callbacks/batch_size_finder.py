@@ -11,8 +11,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.callbacks.callback import Callback
 from trainer.callbacks.lr_scaling import batch_scaling_factor, record_hparam, scale_learning_rates
-from trainer.callbacks.trial_steps import TrialSteps, TunerExit
+from trainer.callbacks.trial_steps import EvalTrialSteps, TrialSteps, TunerExit
 from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_info
 
 
 _OOM_MARKERS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_SUPPORTED",
@@ -91,6 +92,8 @@ class BatchSizeFinder(Callback):
     :mod:`trainer.callbacks.lr_scaling`. Single device only; runs only on a fresh fit, not when resuming.
     """
 
+    SUPPORTED_MODES = ("power", "binsearch")
+
     def __init__(
         self,
         init_val: int = 2,
@@ -107,8 +110,9 @@ class BatchSizeFinder(Callback):
             raise ConfigurationError(
                 "BatchSizeFinder: init_val and steps_per_trial must be >= 1, max_trials >= 0 (0: keep init_val)."
             )
-        if mode not in ("power", "binsearch"):
-            raise ConfigurationError(f"BatchSizeFinder(mode={mode!r}) must be 'power' or 'binsearch'.")
+        if mode not in self.SUPPORTED_MODES:
+            raise ConfigurationError(f"BatchSizeFinder(mode={mode!r}): `mode` should be either of {self.SUPPORTED_MODES} "
+                                     "(doubling only, or doubling then a binary search).")  # fmt: skip
         self.mode = mode
         if not 0.0 <= margin < 1.0:
             raise ConfigurationError(f"BatchSizeFinder(margin={margin}) must be in [0, 1).")
@@ -125,24 +129,49 @@ class BatchSizeFinder(Callback):
         self.trials: dict[int, Optional[float]] = {}  # batch size → measured MB (None: out of memory)
         self._early_exit = False  # set by trainer.tuner.Tuner: end the fit after the search
 
+    def setup(self, trainer: Any, module: Any, stage: Optional[str] = None) -> None:
+        """Refuse distributed runs before anything starts (Lightning's check; ``stage`` may be left out)."""
+        if trainer.world_size > 1:
+            raise ConfigurationError("The Batch size finder is not supported with distributed strategies (several "
+                                     "processes): tune on one device (devices=1), then train with what it finds.")  # fmt: skip
+
     def on_fit_start(self, trainer: Any, module: Any) -> None:
         if trainer.global_step > 0:
             return  # resumed: the run already has its batch size
-        loader = trainer.train_dataloader
+        self.scale_batch_size(trainer, module)
+
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "validate":
+            return  # fit's validation uses the batch size found at the start of fit
+        self.scale_batch_size(trainer, module)
+
+    def on_test_start(self, trainer: Any, module: Any) -> None:
+        self.scale_batch_size(trainer, module)
+
+    def on_predict_start(self, trainer: Any, module: Any) -> None:
+        self.scale_batch_size(trainer, module)
+
+    def scale_batch_size(self, trainer: Any, module: Any) -> None:
+        """Search, set the result on the module/datamodule and run the stage with it: in fit with training steps
+        (from ``on_fit_start``), in validate/test/predict with that stage's steps (from its start hook). As in
+        Lightning, a subclass may call it from another hook (e.g. ``on_train_epoch_start`` to search again)."""
+        stage = str(trainer.state.fn)
+        loader = trainer.train_dataloader if stage == "fit" else _single_eval_loader(trainer, stage)
         old = getattr(loader, "batch_size", None)
-        size = self.find(trainer, module, loader)
+        size = self.find(trainer, module, loader, stage)
         self.optimal_batch_size = size
         if trainer.is_global_zero:
             print(f"BatchSizeFinder: batch size {size} (trials: {self._trials_text()})")
-        self._apply(trainer, module, loader, size)
-        if old and size != old:
+        self._apply(trainer, module, loader, size, stage)
+        if stage == "fit" and old and size != old:
             scale_learning_rates(trainer, batch_scaling_factor(old, size, self.scale_lr))
         if self._early_exit:
             raise TunerExit()
 
     # ------------------------------------------------------------------ search
-    def find(self, trainer: Any, module: Any, loader: Any) -> int:
-        """Run the doubling and binary search; returns the largest batch size that fitted."""
+    def find(self, trainer: Any, module: Any, loader: Any, stage: str = "fit") -> int:
+        """Run the doubling and binary search with batches of ``loader``; returns the largest batch size that fitted.
+        A trial runs ``stage``'s steps: training steps for ``"fit"``, else those of validate, test or predict."""
         device = trainer.strategy.root_device
         length = _dataset_length(loader)
         limit = min(self.max_val, length) if self.max_val and length else (self.max_val or length)
@@ -154,36 +183,49 @@ class BatchSizeFinder(Callback):
             )
         if self.max_trials == 0:
             return min(self.init_val, limit) if limit else self.init_val
-        trials = TrialSteps(trainer, module)
+        trials = TrialSteps(trainer, module) if stage == "fit" else EvalTrialSteps(trainer, module, stage)
         self.trials = {}
         try:
-            good, bad = 0, None
-            size = min(self.init_val, limit) if limit else self.init_val
-            while len(self.trials) < self.max_trials:
-                if self.fits(trials, module, loader, size):
-                    good = size
-                    if limit and size >= limit:
-                        break
-                    size = min(size * 2, limit) if limit else size * 2
-                else:
-                    bad = size
-                    break
-            while self.mode == "binsearch" and bad is not None and bad - good > 1 and len(self.trials) < self.max_trials:
-                middle = (good + bad) // 2
-                if self.fits(trials, module, loader, middle):
-                    good = middle
-                else:
-                    bad = middle
+            good = self._search(trials, module, loader, limit, length)
         finally:
             trials.restore()
         if self.mode == "binsearch" and self.margin and good:
-            good = max(1, int(good * (1 - self.margin)))
+            reduced = max(1, int(good * (1 - self.margin)))
+            if reduced != good:
+                rank_zero_info(f"Applying margin of {self.margin:.1%}, reducing batch size from {good} to {reduced}")
+            good = reduced
         if good == 0:
             raise RuntimeError(
                 f"BatchSizeFinder: even batch size {self.init_val} does not fit ({self._trials_text()}). Lower "
                 "init_val, raise max_memory_mb, or make the model smaller (e.g. precision='bf16-mixed')."
             )
         return good
+
+    def _search(self, trials: Any, module: Any, loader: Any, limit: Optional[int], length: Optional[int]) -> int:
+        """Double from ``init_val`` until a trial fails or ``limit`` is reached, then (binsearch) bisect between the
+        last size that fitted and the first that did not, within ``max_trials`` trials. Says each step, as
+        Lightning does, at INFO level."""
+        good, bad = 0, None
+        size = min(self.init_val, limit) if limit else self.init_val
+        while True:
+            if self.fits(trials, module, loader, size):
+                good = size
+                if limit and size >= limit:
+                    rank_zero_info(f"The batch size {size} is greater or equal than the length of your dataset: "
+                                   f"{length}." if limit == length else
+                                   f"Reached the maximum batch size limit of {limit}. Stopping search.")  # fmt: skip
+                    return good
+                following = (good + bad) // 2 if bad is not None else min(size * 2, limit) if limit else size * 2
+            else:
+                bad = size
+                if self.mode == "power":
+                    return good
+                following = (good + bad) // 2
+            if (bad is not None and bad - good <= 1) or len(self.trials) >= self.max_trials:
+                return good
+            rank_zero_info(f"Batch size {size} {'succeeded' if good == size else 'failed'}, trying batch size "
+                           f"{following}")  # fmt: skip
+            size = following
 
     def measure(self, trials: TrialSteps, module: Any, loader: Any, size: int) -> Optional[float]:
         """MB a trial at ``size`` used (see the class docstring), or ``None`` when it ran out of memory."""
@@ -223,8 +265,12 @@ class BatchSizeFinder(Callback):
         return ", ".join(f"{size}: {'OOM' if mb is None else f'{mb:.3g} MB'}" for size, mb in self.trials.items())
 
     # ------------------------------------------------------------------ applying the result
-    def _apply(self, trainer: Any, module: Any, loader: Any, size: int) -> None:
+    def _apply(self, trainer: Any, module: Any, loader: Any, size: int, stage: str) -> None:
+        """Set ``size`` on every holder of ``batch_arg_name`` (module and datamodule, attribute and hparams, as in
+        Lightning) and run the stage on a loader with it: requested again from the first holder that gives one
+        (fit: its validation loaders too), else a copy of ``loader`` with the new batch size."""
         name = self.batch_arg_name
+        source = _LOADER_HOOKS[stage]
         new_loader = None
         for owner in (trainer.datamodule, module):
             if owner is None:
@@ -237,13 +283,36 @@ class BatchSizeFinder(Callback):
                     "used as the initial batch size for scaling. If this is not the intended behavior, please remove "
                     "either one.", UserWarning, stacklevel=2,
                 )  # fmt: skip
-            if in_hparams or as_attribute:  # every holder gets it, as in Lightning; the loader from the first
+            if in_hparams or as_attribute:
                 record_hparam(owner, (name,), size)
                 if new_loader is None:
-                    new_loader = owner.train_dataloader()
+                    new_loader = getattr(owner, source)()
         if getattr(new_loader, "batch_size", None) != size:
             new_loader = with_batch_size(loader, size)
-        trainer.reset_train_dataloader(new_loader)
+        if stage == "fit":
+            trainer.reset_train_dataloader(new_loader)
+            trainer.reset_val_dataloader()  # they may read the batch size too, as Lightning reloads them here
+        else:
+            trainer.reset_eval_dataloader(new_loader)
+
+
+_LOADER_HOOKS = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
+                 "predict": "predict_dataloader"}  # fmt: skip
+_LOADER_PREFIX = {"validate": "val", "test": "test", "predict": "predict"}
+
+
+def _single_eval_loader(trainer: Any, stage: str) -> Any:
+    """The one loader validate/test/predict runs on; the finder cannot search over several (as in Lightning)."""
+    loaders = getattr(trainer, f"{_LOADER_PREFIX[stage]}_dataloaders")
+    several = isinstance(loaders, (list, tuple, dict))
+    if several and len(loaders) == 1:
+        return next(iter(loaders.values())) if isinstance(loaders, dict) else loaders[0]
+    if several:
+        raise ConfigurationError(
+            f"The Batch size finder cannot be used with multiple {_LOADER_PREFIX[stage]} dataloaders ({len(loaders)} "
+            f"here): run {stage}() with one to search, or set the batch size yourself."
+        )
+    return loaders
 
 
 def _dataset_length(loader: Any) -> Optional[int]:

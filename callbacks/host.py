@@ -51,6 +51,7 @@ class CallbackHost(Protocol):
     sanity_checking: bool
     ckpt_path: Optional[str]
     num_training_batches: float
+    _results: Any  # where self.log writes; the finders' throw-away evaluation steps set None, so their logs are dropped
     _checkpoint: Any  # its after_commit(action): ModelCheckpoint deletes a replaced file once the new one is complete
 
     @property
@@ -92,7 +93,23 @@ class CallbackHost(Protocol):
     @property
     def num_val_batches(self) -> list[float]: ...
 
+    @property
+    def val_dataloaders(self) -> Any: ...
+
+    @property
+    def test_dataloaders(self) -> Any: ...
+
+    @property
+    def predict_dataloaders(self) -> Any: ...
+
+    @property
+    def state(self) -> Any: ...
+
     def save_checkpoint(self, filepath: Union[str, "os.PathLike[str]"], weights_only: bool = False,
                         asynchronous: bool = False) -> None: ...  # fmt: skip
 
     def reset_train_dataloader(self, loader: Any) -> None: ...
+
+    def reset_val_dataloader(self) -> None: ...
+
+    def reset_eval_dataloader(self, loader: Any) -> None: ...

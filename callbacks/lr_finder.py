@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import logging
 import warnings
 from typing import Any, Optional
 
@@ -13,23 +14,32 @@ from trainer.callbacks.lr_scaling import record_hparam, scale_learning_rates
 from trainer.callbacks.trial_steps import TrialSteps, TunerExit
 from trainer.strategies.errors import ConfigurationError
 
+log = logging.getLogger(__name__)
+
 
 def suggest_lr(lrs: list[float], losses: list[float], skip_begin: int = 10, skip_end: int = 1) -> Optional[float]:
-    """The learning rate where the (smoothed) loss falls fastest per step of the range: the point of most
-    negative slope before the loss's minimum, ignoring the noisy first ``skip_begin`` and last ``skip_end``
-    points."""
-    points = [(lr, loss) for lr, loss in zip(lrs, losses) if math.isfinite(loss)]
-    if len(points) < 3:
+    """Lightning's suggestion: the learning rate where the (smoothed) loss falls fastest with respect to the
+    learning rate (the most negative gradient), over the finite points left once the first ``skip_begin`` and
+    last ``skip_end`` are dropped; ``None`` (with an error logged, as Lightning) when fewer than two remain."""
+    end = len(losses) - skip_end
+    points = [(lr, loss) for lr, loss in zip(lrs[skip_begin:end], losses[skip_begin:end]) if math.isfinite(loss)]
+    if len(points) < 2 or len({lr for lr, _ in points}) < len(points):
+        log.error("Failed to compute suggestion for learning rate because there are not enough points. Increase the "
+                  "loop iteration limits or the size of your dataset/dataloader.")  # fmt: skip
         return None
-    lowest = min(range(len(points)), key=lambda i: points[i][1])
-    end = min(len(points) - skip_end, lowest + 2)
-    begin = skip_begin if end - skip_begin >= 3 else 0
-    best, best_slope = None, math.inf
-    for i in range(max(begin, 1), end - 1):
-        slope = (points[i + 1][1] - points[i - 1][1]) / 2
-        if slope < best_slope:
-            best, best_slope = points[i][0], slope
-    return best
+    x, y = [lr for lr, _ in points], [loss for _, loss in points]
+    return x[min(range(len(x)), key=lambda i: _gradient(x, y, i))]
+
+
+def _gradient(x: list[float], y: list[float], i: int) -> float:
+    """dy/dx at point ``i`` of unevenly spaced samples: second-order central differences inside, one-sided at the
+    ends (``torch.gradient``/``numpy.gradient`` with coordinates, which Lightning uses)."""
+    if i == 0:
+        return (y[1] - y[0]) / (x[1] - x[0])
+    if i == len(x) - 1:
+        return (y[i] - y[i - 1]) / (x[i] - x[i - 1])
+    left, right = x[i] - x[i - 1], x[i + 1] - x[i]
+    return (left**2 * y[i + 1] + (right**2 - left**2) * y[i] - right**2 * y[i - 1]) / (left * right * (left + right))
 
 
 class LRFinderResult:
@@ -100,10 +110,13 @@ class LearningRateFinder(Callback):
         smoothing: float = 0.05,
         weights_only: Optional[bool] = None,
     ) -> None:
-        if not 0 < min_lr < max_lr:
-            raise ConfigurationError(
-                f"LearningRateFinder: need 0 < min_lr < max_lr; got min_lr={min_lr}, max_lr={max_lr}."
-            )
+        if not (min_lr > 0 and max_lr > 0):
+            raise ConfigurationError(f"LearningRateFinder: min_lr and max_lr must be > 0; got min_lr={min_lr}, "
+                                     f"max_lr={max_lr}.")  # fmt: skip
+        if min_lr > max_lr:  # Lightning runs the range downwards; usually the arguments are swapped
+            warnings.warn(f"LearningRateFinder: min_lr={min_lr} > max_lr={max_lr}, so the learning rate falls during "
+                          "the range test, from min_lr to max_lr. Swap them to run it upwards.", UserWarning,
+                          stacklevel=2)  # fmt: skip
         if mode not in ("exponential", "linear"):
             raise ConfigurationError(f"LearningRateFinder(mode={mode!r}) must be 'exponential' or 'linear'.")
         if num_training_steps < 1:
@@ -147,7 +160,7 @@ class LearningRateFinder(Callback):
 
     def run(self, trainer: Any, module: Any) -> None:
         """The range test itself: fills :attr:`results` and :attr:`suggestion`, then undoes its training."""
-        trials = TrialSteps(trainer, module)
+        trials = TrialSteps(trainer, module, "The learning rate finder")
         groups = trials.optimizer.param_groups
         ratios = [group["lr"] / groups[0]["lr"] if groups[0]["lr"] else 1.0 for group in groups]
         lrs: list[float] = []
@@ -159,10 +172,14 @@ class LearningRateFinder(Callback):
                 lr = self.lr_at(step)
                 for group, ratio in zip(groups, ratios):
                     group["lr"] = lr * ratio
-                loss = float(trials.step(next(batches)))  # the test needs every loss: one sync per step
+                step_loss = trials.step(next(batches))
+                lrs.append(lr)
+                if step_loss is None:  # training_step returned None: no loss for this rate, as in Lightning
+                    losses.append(math.nan)
+                    continue
+                loss = float(step_loss)  # the test needs every loss: one sync per step
                 average = (1 - self.smoothing) * average + self.smoothing * loss
                 smoothed = average / (1 - (1 - self.smoothing) ** (step + 1))
-                lrs.append(lr)
                 losses.append(smoothed)
                 if not math.isfinite(smoothed):
                     break

@@ -637,6 +637,31 @@ class Trainer:
         self._set_train_dataloader(loader, "reset_train_dataloader(loader)")
         self._last_train_reload_epoch = self.current_epoch  # fit keeps it (until reload_dataloaders_every_n_epochs)
 
+    def reset_val_dataloader(self) -> None:
+        """During fit (e.g. from a callback's ``on_fit_start``): request the validation loaders again from where fit
+        gets them (the module's/datamodule's ``val_dataloader()``, or the loaders passed), for a callback that changed
+        the batch size they read. Nothing happens when the fit does not validate."""
+        if self.module is None or self.state_stage != "fit":
+            raise RuntimeError("reset_val_dataloader() can only be called while fit() runs.")
+        if self._val_enabled:
+            self._val_loaded = False
+            self._load_val_data()
+
+    def reset_eval_dataloader(self, loader: Any) -> None:
+        """During validate/test/predict, from ``on_validation_start``/``on_test_start``/``on_predict_start`` (e.g. by
+        a callback that changed the batch size): run the stage on ``loader`` (one loader) instead of its own."""
+        stage = self.state_stage
+        if stage not in ("validate", "test", "predict") or stage not in self._eval_data:
+            raise RuntimeError("reset_eval_dataloader() can only be called while validate(), test() or predict() runs "
+                               "(from on_validation_start, on_test_start or on_predict_start).")  # fmt: skip
+        loaders, limits, _ = self._eval_data[stage]
+        limit_name = "limit_val_batches" if stage == "validate" else f"limit_{stage}_batches"
+        [ready] = self._prepare_loaders([loader], "reset_eval_dataloader(loader)", training=False)
+        # In place: the loop reads these lists after its start hooks.
+        loaders[:] = [ready]
+        limits[:] = [data_utils.limited_batches(ready, getattr(self, limit_name), limit_name)]
+        self._eval_data[stage] = (loaders, limits, loader)
+
     def _set_train_dataloader(self, loader: Any, argument: str, agree: bool = True) -> None:
         [self._train_dataloader] = self._prepare_loaders([data_utils.as_training_loader(loader)], argument, training=True,
                                                          overfit=self.overfit_batches)  # fmt: skip

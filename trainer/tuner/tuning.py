@@ -57,7 +57,7 @@ class Tuner:
         finder = LearningRateFinder(min_lr=min_lr, max_lr=max_lr, num_training_steps=num_training, mode=mode,
                                     early_stop_threshold=early_stop_threshold, update_attr=update_attr,
                                     attr_name=attr_name, weights_only=weights_only)  # fmt: skip
-        self._run(finder, model, train_dataloaders, val_dataloaders, datamodule)
+        self._run(finder, "fit", model, train_dataloaders, val_dataloaders, None, datamodule)
         return finder.optimal_lr
 
     def scale_batch_size(
@@ -82,19 +82,14 @@ class Tuner:
         search (``"binsearch"``, which keeps ``margin`` below the largest that fitted). Off CUDA, ``max_memory_mb`` bounds the activation memory a batch may use (a CPU
         does not report running out of memory safely). Sets ``batch_arg_name`` on the module or datamodule."""
         _check_arguments(train_dataloaders, val_dataloaders, dataloaders, method)
-        if method != "fit":
-            raise ConfigurationError(
-                f"Tuner.scale_batch_size(method={method!r}): only method='fit' is supported here (the search runs "
-                "training steps); the batch size it finds is set on the module/datamodule for every stage."
-            )
         if self._trainer.world_size > 1:
-            raise ConfigurationError("Tuner.scale_batch_size: tuning the batch size is not supported with several "
-                                     "processes; tune on one device (devices=1), then train.")  # fmt: skip
+            raise ConfigurationError("Tuner.scale_batch_size: tuning the batch size is not supported with distributed "
+                                     "strategies (several processes); tune on one device (devices=1), then train.")  # fmt: skip
         self._refuse_configured(BatchSizeFinder)
         finder = BatchSizeFinder(init_val=init_val, max_trials=max_trials, steps_per_trial=steps_per_trial,
                                  max_memory_mb=max_memory_mb, max_val=max_val, scale_lr=scale_lr,
                                  batch_arg_name=batch_arg_name, mode=mode, margin=margin)  # fmt: skip
-        self._run(finder, model, train_dataloaders, val_dataloaders, datamodule)
+        self._run(finder, method, model, train_dataloaders, val_dataloaders, dataloaders, datamodule)
         return finder.optimal_batch_size
 
     def _refuse_configured(self, kind: type) -> None:
@@ -104,22 +99,29 @@ class Tuner:
                 "drop the Tuner call: the callback runs at the start of fit)."
             )
 
-    def _run(self, finder: Callback, model: Any, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any) -> None:
+    def _run(self, finder: Callback, method: str, model: Any, train_dataloaders: Any, val_dataloaders: Any,
+             dataloaders: Any, datamodule: Any) -> None:  # fmt: skip
         trainer = self._trainer
         finder._early_exit = True
         trainer.callbacks = [finder] + list(trainer.callbacks)
         try:
-            trainer.fit(model, train_dataloaders, val_dataloaders, datamodule)
+            if method == "fit":
+                trainer.fit(model, train_dataloaders, val_dataloaders, datamodule)
+            else:  # validate/test/predict: the search runs their steps, from on_validation_start & co.
+                getattr(trainer, method)(model, dataloaders, datamodule=datamodule)
         finally:
             trainer.callbacks = [callback for callback in trainer.callbacks if callback is not finder]
 
 
 def _check_arguments(train_dataloaders: Any, val_dataloaders: Any, dataloaders: Any, method: str) -> None:
     if method not in _METHODS:
-        raise ConfigurationError(f"Tuner: method={method!r} is not one of {_METHODS}.")
+        raise ConfigurationError(f"Tuner: method {method!r} is invalid. Should be one of {_METHODS}.")
     if method == "fit" and dataloaders is not None:
-        raise ConfigurationError("Tuner with method='fit': pass train_dataloaders (and val_dataloaders), not "
-                                 "dataloaders.")  # fmt: skip
+        raise ConfigurationError("Tuner with method='fit' trains: `dataloaders` should be None, please consider "
+                                 "setting `train_dataloaders` and `val_dataloaders` instead.")  # fmt: skip
+    if method != "fit" and (train_dataloaders is not None or val_dataloaders is not None):
+        raise ConfigurationError(f"Tuner with method={method!r} evaluates: `train_dataloaders` and `val_dataloaders` "
+                                 "should be None, please consider setting `dataloaders` instead.")  # fmt: skip
 
 
 def _lr_attribute(model: Any, attr_name: str) -> str:
@@ -132,6 +134,7 @@ def _lr_attribute(model: Any, attr_name: str) -> str:
     where = f"`{attr_name}`" if attr_name else "`lr` or `learning_rate`"
     raise MissingLearningRateAttribute(
         f"Tuner.lr_find(update_attr=True) sets the suggestion on the module's {where} (an attribute or a "
-        "hyperparameter, read by configure_optimizers), and the module has none. Add one, pass attr_name=..., "
-        "or update_attr=False and read the result's suggestion()."
+        "hyperparameter, read by configure_optimizers): `model` or `model.hparams` should have one of these fields, "
+        "and the module has none. Add one, pass attr_name=..., or update_attr=False and read the result's "
+        "suggestion()."
     )

@@ -18,6 +18,7 @@ from trainer.callbacks.callback import Callback
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
     from trainer.callbacks.batch_size_finder import BatchSizeFinder  # noqa: F401
+    from trainer.callbacks.prediction_writer import BasePredictionWriter  # noqa: F401
     from trainer.callbacks.early_stopping import EarlyStoppingReason  # noqa: F401
     from trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning  # noqa: F401
     from trainer.callbacks.tqdm_progress import TQDMProgressBar  # noqa: F401
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
 _LAZY = {
     "BackboneFinetuning": "trainer.callbacks.finetuning",
     "BaseFinetuning": "trainer.callbacks.finetuning",
+    "BasePredictionWriter": "trainer.callbacks.prediction_writer",
     "BatchSizeFinder": "trainer.callbacks.batch_size_finder",
     "EarlyStoppingReason": "trainer.callbacks.early_stopping",
     "EarlyStopping": "trainer.callbacks.early_stopping",

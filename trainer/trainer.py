@@ -950,10 +950,11 @@ class Trainer:
 
     @property
     def progress_bar_callback(self) -> Optional[Callback]:
-        """The progress bar (``RichProgressBar``), or ``None`` (``enable_progress_bar=False``)."""
-        from trainer.callbacks.rich_progress import RichProgressBar
+        """The progress bar (``RichProgressBar`` or a user's ``ProgressBar``), or ``None``
+        (``enable_progress_bar=False``)."""
+        from trainer.callbacks.progress_bar import ProgressBar
 
-        return next((cb for cb in self.callbacks if isinstance(cb, RichProgressBar)), None)
+        return next((cb for cb in self.callbacks if isinstance(cb, ProgressBar)), None)
 
     @property
     def test_dataloaders(self) -> Any:

@@ -336,6 +336,12 @@ class CheckpointConnector:
             progress.epoch += 1
             progress.batch_in_epoch = 0
             progress.epoch_finished = False
+        if trainer.max_epochs not in (None, -1) and progress.epoch > trainer.max_epochs:  # as Lightning refuses
+            raise ConfigurationError(
+                f"You restored a checkpoint with current_epoch={progress.epoch}, but you have set "
+                f"Trainer(max_epochs={trainer.max_epochs}): '{path}' is past the last epoch this fit would run. "
+                f"Raise max_epochs to at least {progress.epoch} to continue from it."
+            )
         if trainer.datamodule is not None:
             datamodule_state = checkpoint.get(type(trainer.datamodule).__qualname__, checkpoint.get("datamodule"))
             if datamodule_state is not None:  # "datamodule": where checkpoints of earlier versions kept it

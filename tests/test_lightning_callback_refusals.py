@@ -1,0 +1,57 @@
+"""What a ported project's callbacks and checkpoints refuse or say, with the exception type Lightning uses and a
+message that still holds Lightning's key phrase (a ported ``pytest.raises(..., match=...)`` keeps matching)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ckpt_support import TinyRegressor, loaders, make_trainer
+from trainer.callbacks import EarlyStopping, ModelCheckpoint
+from trainer.utilities.exceptions import MisconfigurationException
+
+
+class ScriptedLoss(TinyRegressor):
+    """Logs ``val_loss`` from a script, one value per epoch."""
+
+    def __init__(self, scores):
+        super().__init__()
+        self.scores = scores
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", torch.tensor(self.scores[min(self.current_epoch, len(self.scores) - 1)]))
+
+
+def test_early_stopping_mode_is_refused_in_lightnings_words():
+    with pytest.raises(MisconfigurationException, match="`mode` can be .* got sideways"):
+        EarlyStopping(monitor="val_loss", mode="sideways")
+
+
+def test_early_stopping_on_a_metric_nobody_logs_is_a_runtime_error(tmp_path):
+    trainer = make_trainer(tmp_path, max_epochs=1, callbacks=[EarlyStopping(monitor="val_acc")],
+                           enable_checkpointing=False)  # fmt: skip
+    with pytest.raises(RuntimeError, match="Early stopping conditioned on metric `val_acc` which is not available"):
+        trainer.fit(TinyRegressor(), *loaders())
+
+
+@pytest.mark.parametrize(("scores", "kwargs", "phrase"), [
+    ([0.5, 0.05], dict(stopping_threshold=0.1), "Stopping threshold reached"),
+    ([0.5, 9.0], dict(divergence_threshold=5.0), "Divergence threshold reached"),
+])  # fmt: skip
+def test_early_stopping_threshold_reasons_start_as_lightnings(tmp_path, scores, kwargs, phrase):
+    stopper = EarlyStopping(monitor="val_loss", patience=10, **kwargs)
+    trainer = make_trainer(tmp_path, max_epochs=5, callbacks=[stopper], enable_checkpointing=False)
+    trainer.fit(ScriptedLoss(scores), *loaders())
+    assert trainer.current_epoch == 2
+    assert stopper.stopping_reason_message.startswith(phrase)
+
+
+def test_resuming_a_checkpoint_past_max_epochs_is_refused(tmp_path):
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)
+    make_trainer(tmp_path, max_epochs=3, callbacks=[saver]).fit(TinyRegressor(), *loaders())
+    again = make_trainer(tmp_path, max_epochs=1)
+    with pytest.raises(MisconfigurationException, match=r"You restored a checkpoint with current_epoch=3, but you "
+                                                        r"have set Trainer\(max_epochs=1\)"):  # fmt: skip
+        again.fit(TinyRegressor(), *loaders(), ckpt_path=saver.last_model_path)
+    equal = make_trainer(tmp_path, max_epochs=3)  # at max_epochs: nothing left to train, not an error
+    equal.fit(TinyRegressor(), *loaders(), ckpt_path=saver.last_model_path)
+    assert equal.current_epoch == 3

@@ -42,6 +42,7 @@ class CallbackHost(Protocol):
     # parts and state (set by callbacks: should_stop, accumulate_grad_batches, lr_scheduler_configs)
     strategy: "Strategy"
     callbacks: list[Any]
+    loggers: list[Any]
     datamodule: Any
     fit_loop: Any  # its ``progress`` (epoch_finished, counters)
     should_stop: bool

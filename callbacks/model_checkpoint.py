@@ -21,6 +21,7 @@ import math
 import os
 import re
 import time
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -353,6 +354,11 @@ class ModelCheckpoint(Callback):
         else:
             trainer.save_checkpoint(path, self.save_weights_only)
         self._just_saved = self._last_checkpoint_saved = path
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:  # as Lightning: each logger may act on the new file (upload it)
+                hook = getattr(logger, "after_save_checkpoint", None)
+                if hook is not None:
+                    hook(weakref.proxy(self))
 
     def _remove_if_ours(self, trainer: Any, previous: str, current: str) -> None:
         """Delete a file this callback wrote before, unless it is still in use or lies outside ``dirpath``."""

@@ -435,6 +435,7 @@ class Trainer:
                 datamodule.setup(stage=stage)
             self._call_hook("setup", stage=stage)
             configure_model_once(model, self.strategy)
+            self._metrics.reset()  # each stage starts without the metrics of the one before, as in Lightning
             yield
             self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
             finished = True
@@ -759,8 +760,8 @@ class Trainer:
 
     @property
     def logged_metrics(self) -> dict[str, Any]:
-        """What was last sent to the loggers."""
-        return self._metrics.logged_metrics
+        """What was sent to the loggers (and the training values logged for them since the last write)."""
+        return self._metrics.read_logged_metrics()
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:

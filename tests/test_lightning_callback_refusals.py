@@ -55,3 +55,27 @@ def test_resuming_a_checkpoint_past_max_epochs_is_refused(tmp_path):
     equal = make_trainer(tmp_path, max_epochs=3)  # at max_epochs: nothing left to train, not an error
     equal.fit(TinyRegressor(), *loaders(), ckpt_path=saver.last_model_path)
     assert equal.current_epoch == 3
+
+
+@pytest.mark.parametrize(("kwargs", "phrase"), [
+    (dict(mode="sideways"), "`mode` can be .* but got sideways"),
+    (dict(save_top_k=-3), "Must be >= -1"),
+    (dict(save_top_k=3), r"ModelCheckpoint\(save_top_k=3, monitor=None\) is not a valid"),
+    (dict(every_n_epochs=-1), "Must be >= 0"),
+    (dict(every_n_train_steps=-1), "Must be >= 0"),
+    (dict(every_n_train_steps=2, every_n_epochs=3), "Combination of parameters every_n_train_steps"),
+])  # fmt: skip
+def test_model_checkpoint_refusals_keep_lightnings_phrases(tmp_path, kwargs, phrase):
+    with pytest.raises(MisconfigurationException, match=phrase):
+        ModelCheckpoint(dirpath=tmp_path, **kwargs)
+
+
+def test_checkpoint_scores_keep_the_logged_dtype_and_are_saved_as_tensors(tmp_path):
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor="val_loss", save_top_k=3, filename="{epoch}")
+    make_trainer(tmp_path, max_epochs=3, callbacks=[saver]).fit(ScriptedLoss([0.3, 0.2, 0.1]), *loaders())
+    assert saver.current_score.dtype == torch.float32 and saver.current_score == 0.1  # as logged, not widened
+    assert saver.best_model_score == 0.1
+    saved = torch.load(saver.best_model_path, weights_only=True)["callbacks"]
+    state = next(value for key, value in saved.items() if key.startswith("ModelCheckpoint"))
+    assert isinstance(state["current_score"], torch.Tensor) and state["current_score"] == 0.1
+    assert sorted(float(score) for score in state["best_k_models"].values()) == pytest.approx([0.1, 0.2, 0.3])

@@ -108,7 +108,8 @@ class BatchSizeFinder(Callback):
                 "BatchSizeFinder: init_val and steps_per_trial must be >= 1, max_trials >= 0 (0: keep init_val)."
             )
         if mode not in ("power", "binsearch"):
-            raise ConfigurationError(f"BatchSizeFinder(mode={mode!r}) must be 'power' or 'binsearch'.")
+            raise ConfigurationError(f"BatchSizeFinder(mode={mode!r}) must be 'power' or 'binsearch' (`mode` should "
+                                     "be either of ['power', 'binsearch']).")  # fmt: skip
         self.mode = mode
         if not 0.0 <= margin < 1.0:
             raise ConfigurationError(f"BatchSizeFinder(margin={margin}) must be in [0, 1).")

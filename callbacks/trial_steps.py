@@ -39,7 +39,8 @@ class TrialSteps:
     def __init__(self, trainer: Any, module: Any) -> None:
         if not module.automatic_optimization or len(trainer.optimizers) != 1:
             raise ConfigurationError(
-                "The batch-size and learning-rate finders need automatic optimisation with one optimizer."
+                "The batch-size and learning-rate finders need automatic optimisation with one optimizer (the "
+                "finder only works with single optimizer)."
             )
         if trainer.world_size > 1:
             raise ConfigurationError("Run the batch-size and learning-rate finders on one device (devices=1), then "

@@ -79,3 +79,24 @@ def test_checkpoint_scores_keep_the_logged_dtype_and_are_saved_as_tensors(tmp_pa
     state = next(value for key, value in saved.items() if key.startswith("ModelCheckpoint"))
     assert isinstance(state["current_score"], torch.Tensor) and state["current_score"] == 0.1
     assert sorted(float(score) for score in state["best_k_models"].values()) == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_tuner_and_monitor_refusals_keep_lightnings_phrases(tmp_path):
+    from trainer.callbacks import BatchSizeFinder, LearningRateMonitor
+    from trainer.tuner import Tuner
+
+    with pytest.raises(MisconfigurationException, match="should be either of"):
+        BatchSizeFinder(mode="triple")
+    tuner = Tuner(make_trainer(tmp_path, max_epochs=1))
+    train, val = loaders()
+    with pytest.raises(MisconfigurationException, match="method .* is invalid"):
+        tuner.scale_batch_size(TinyRegressor(), train, method="prediction")
+    with pytest.raises(MisconfigurationException, match="please consider setting `train_dataloaders` and"):
+        tuner.scale_batch_size(TinyRegressor(), dataloaders=val)
+    with pytest.raises(MisconfigurationException, match="please consider setting `dataloaders` instead"):
+        tuner.scale_batch_size(TinyRegressor(), train_dataloaders=train, method="validate")
+    with pytest.raises(MisconfigurationException, match="should have one of these fields"):
+        tuner.lr_find(TinyRegressor(lr=0.1), train, attr_name="missing_rate")
+    quiet = make_trainer(tmp_path, max_epochs=1, callbacks=[LearningRateMonitor()])
+    with pytest.raises(MisconfigurationException, match="`Trainer` that has no logger"):
+        quiet.fit(TinyRegressor(), train, val)

@@ -116,10 +116,14 @@ class Tuner:
 
 def _check_arguments(train_dataloaders: Any, val_dataloaders: Any, dataloaders: Any, method: str) -> None:
     if method not in _METHODS:
-        raise ConfigurationError(f"Tuner: method={method!r} is not one of {_METHODS}.")
+        raise ConfigurationError(f"Tuner: method {method!r} is invalid. Use one of {_METHODS}.")
     if method == "fit" and dataloaders is not None:
         raise ConfigurationError("Tuner with method='fit': pass train_dataloaders (and val_dataloaders), not "
-                                 "dataloaders.")  # fmt: skip
+                                 "dataloaders; please consider setting `train_dataloaders` and `val_dataloaders` "
+                                 "instead.")  # fmt: skip
+    if method != "fit" and (train_dataloaders is not None or val_dataloaders is not None):
+        raise ConfigurationError(f"Tuner with method={method!r}: `train_dataloaders` or `val_dataloaders` cannot be "
+                                 "passed, please consider setting `dataloaders` instead.")  # fmt: skip
 
 
 def _lr_attribute(model: Any, attr_name: str) -> str:
@@ -133,5 +137,6 @@ def _lr_attribute(model: Any, attr_name: str) -> str:
     raise MissingLearningRateAttribute(
         f"Tuner.lr_find(update_attr=True) sets the suggestion on the module's {where} (an attribute or a "
         "hyperparameter, read by configure_optimizers), and the module has none. Add one, pass attr_name=..., "
-        "or update_attr=False and read the result's suggestion()."
+        "or update_attr=False and read the result's suggestion(). (The model should have one of these fields: "
+        f"{[attr_name] if attr_name else ['lr', 'learning_rate']}.)"
     )

@@ -18,6 +18,7 @@ from trainer.callbacks.callback import Callback
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr__ imports on use)
     from trainer.callbacks.batch_size_finder import BatchSizeFinder  # noqa: F401
+    from trainer.callbacks.prediction_writer import BasePredictionWriter  # noqa: F401
     from trainer.callbacks.early_stopping import EarlyStoppingReason  # noqa: F401
     from trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning  # noqa: F401
     from trainer.callbacks.tqdm_progress import TQDMProgressBar  # noqa: F401
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from trainer.callbacks.memory_monitor import MemoryMonitor  # noqa: F401
     from trainer.callbacks.model_checkpoint import ModelCheckpoint  # noqa: F401
     from trainer.callbacks.model_summary import ModelSummary  # noqa: F401
+    from trainer.callbacks.progress_bar import ProgressBar  # noqa: F401
     from trainer.callbacks.rich_progress import RichProgressBar  # noqa: F401
     from trainer.callbacks.stochastic_weight_averaging import StochasticWeightAveraging  # noqa: F401
     from trainer.callbacks.throughput_monitor import ThroughputMonitor  # noqa: F401
@@ -38,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
 _LAZY = {
     "BackboneFinetuning": "trainer.callbacks.finetuning",
     "BaseFinetuning": "trainer.callbacks.finetuning",
+    "BasePredictionWriter": "trainer.callbacks.prediction_writer",
     "BatchSizeFinder": "trainer.callbacks.batch_size_finder",
     "EarlyStoppingReason": "trainer.callbacks.early_stopping",
     "EarlyStopping": "trainer.callbacks.early_stopping",
@@ -49,6 +52,7 @@ _LAZY = {
     "MemoryMonitor": "trainer.callbacks.memory_monitor",
     "ModelCheckpoint": "trainer.callbacks.model_checkpoint",
     "ModelSummary": "trainer.callbacks.model_summary",
+    "ProgressBar": "trainer.callbacks.progress_bar",
     "RichProgressBar": "trainer.callbacks.rich_progress",
     "StochasticWeightAveraging": "trainer.callbacks.stochastic_weight_averaging",
     "ThroughputMonitor": "trainer.callbacks.throughput_monitor",

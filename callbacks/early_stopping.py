@@ -10,6 +10,11 @@ from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 
 
+class MonitorNotLoggedError(ConfigurationError, RuntimeError):
+    """``EarlyStopping(strict=True)`` found no logged value of its ``monitor`` (a ``RuntimeError`` as in
+    Lightning, and a ``ConfigurationError`` as our other refusals)."""
+
+
 class EarlyStoppingReason(Enum):
     """Why :class:`EarlyStopping` stopped the fit (``early_stopping.stopping_reason``), as Lightning names it."""
 
@@ -49,7 +54,7 @@ class EarlyStopping(Callback):
         log_rank_zero_only: bool = False,
     ) -> None:
         if mode not in self.mode_dict:
-            raise ConfigurationError(f"EarlyStopping(mode={mode!r}) is not valid. Use 'min' or 'max'.")
+            raise ConfigurationError(f"EarlyStopping(mode={mode!r}) is not valid: `mode` can be min, max, got {mode}.")
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
             raise ConfigurationError(f"EarlyStopping(patience={patience!r}) must be an int >= 0.")
         self.monitor = monitor
@@ -99,12 +104,14 @@ class EarlyStopping(Callback):
         value = trainer.callback_metrics.get(self.monitor)
         if value is None:
             message = (
+                f"Early stopping conditioned on metric `{self.monitor}` which is not available: "
                 f"EarlyStopping(monitor={self.monitor!r}) found no metric {self.monitor!r} among the logged ones "
                 f"{sorted(trainer.callback_metrics)}. Log it with self.log({self.monitor!r}, value)"
             )
             if self.strict:
-                raise ConfigurationError(message + ", or pass strict=False to skip checks until it is logged.")
-            rank_zero_warn(message + "; this check is skipped.")
+                raise MonitorNotLoggedError(message + ", or pass strict=False to skip checks until it is logged.")
+            if self.verbose:  # as Lightning: a non-strict check without the metric is silent unless verbose
+                rank_zero_warn(message + "; this check is skipped.", category=RuntimeWarning)
             return
         should_stop, reason = self.evaluate(float(value))
         should_stop = trainer.strategy.reduce_boolean_decision(should_stop, all=False)
@@ -126,11 +133,11 @@ class EarlyStopping(Callback):
             return True, f"{name} = {current} is not finite; the best value was {self.best_score:.6g}. Stopping."
         if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
             self._last_reason = reasons.STOPPING_THRESHOLD
-            return True, (f"stopping threshold reached: {name} = {current:.6g} "
+            return True, (f"Stopping threshold reached: {name} = {current:.6g} "
                           f"{self.mode_dict[self.mode]} {self.stopping_threshold}. Stopping.")  # fmt: skip
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
             self._last_reason = reasons.DIVERGENCE_THRESHOLD
-            return True, (f"divergence threshold reached: {name} = {current:.6g} is past "
+            return True, (f"Divergence threshold reached: {name} = {current:.6g} is past "
                           f"{self.divergence_threshold}. Stopping.")  # fmt: skip
         improvement = current + self.min_delta if self.mode == "min" else current - self.min_delta
         if self._better(improvement, self.best_score):

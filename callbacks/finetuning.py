@@ -102,9 +102,10 @@ class BaseFinetuning(Callback):
         fresh = [p for p in params if id(p) not in present]
         if len(fresh) != len(params):
             rank_zero_warn(
-                f"{len(params) - len(fresh)} of the parameters to unfreeze are already in an optimizer group and are "
-                "skipped. Build the optimizer from the trainable ones only: "
-                f"{type(optimizer).__name__}(filter(lambda p: p.requires_grad, self.parameters()), ...)."
+                f"The provided params to be frozen already exist within another group of this optimizer: "
+                f"{len(params) - len(fresh)} of the parameters to unfreeze are skipped. Did you init your optimizer "
+                "in `configure_optimizers` from the trainable ones only: "
+                f"{type(optimizer).__name__}(filter(lambda p: p.requires_grad, self.parameters()), ...)?"
             )
         return fresh
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, U
 
 from trainer.data.combined_loader import training_batches
 from trainer.loops.optimizers import SchedulerConfig
-from trainer.loops.step_signature import takes_batch_idx
+from trainer.loops.step_signature import takes_batch_idx, takes_dataloader_iter
 from trainer.reproducibility.seed import isolated_rng
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from trainer.strategies.strategy import Strategy
 
-__all__ = ["CallbackHost", "SchedulerConfig", "isolated_rng", "takes_batch_idx", "training_batches"]
+__all__ = ["CallbackHost", "SchedulerConfig", "isolated_rng", "takes_batch_idx", "takes_dataloader_iter",
+           "training_batches"]
 
 
 class CallbackHost(Protocol):
@@ -41,6 +42,7 @@ class CallbackHost(Protocol):
     # parts and state (set by callbacks: should_stop, accumulate_grad_batches, lr_scheduler_configs)
     strategy: "Strategy"
     callbacks: list[Any]
+    loggers: list[Any]
     datamodule: Any
     fit_loop: Any  # its ``progress`` (epoch_finished, counters)
     should_stop: bool
@@ -89,6 +91,9 @@ class CallbackHost(Protocol):
 
     @property
     def train_dataloader(self) -> Any: ...
+
+    @property
+    def predict_dataloaders(self) -> Any: ...
 
     @property
     def num_val_batches(self) -> list[float]: ...

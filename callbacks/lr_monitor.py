@@ -44,8 +44,9 @@ class LearningRateMonitor(Callback):
     def on_train_start(self, trainer: Any, module: Any) -> None:
         if not trainer.loggers:
             raise ConfigurationError(
-                "LearningRateMonitor logs to the Trainer's loggers, and this Trainer has none (logger=False). Give it "
-                "a logger (e.g. logger=CSVLogger('logs')), or drop the callback."
+                "Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger: it logs to the "
+                "Trainer's loggers, and this Trainer has none (logger=False). Give it a logger (e.g. "
+                "logger=CSVLogger('logs')), or drop the callback."
             )
         if self.log_momentum and any("momentum" not in o.defaults and "betas" not in o.defaults
                                      for o in trainer.optimizers):  # fmt: skip
@@ -125,7 +126,8 @@ def _group_names(optimizers: list[Any], scheduler_configs: list[Any] = ()) -> li
         if duplicates:
             raise ConfigurationError(
                 f"LearningRateMonitor: the parameter groups of {base!r} share the names {duplicates}, so their "
-                "learning rates would be logged under one name. Give each group its own 'name'."
+                "learning rates would be logged under one name (A single `Optimizer` cannot have multiple parameter "
+                "groups with identical `name` values). Give each group its own 'name'."
             )
         if len(groups) == 1:
             names.append([f"{base}/{groups[0]['name']}" if "name" in groups[0] else base])

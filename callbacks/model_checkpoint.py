@@ -21,6 +21,7 @@ import math
 import os
 import re
 import time
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -314,7 +315,9 @@ class ModelCheckpoint(Callback):
             evicted = self.kth_best_model_path
             self.best_k_models.pop(evicted)
         path = self._unique_path(trainer, metrics, None, evicted)
-        self.current_score = torch.tensor(current, dtype=torch.float64)
+        # The logged tensor's dtype, as Lightning keeps the logged value (float32 for self.log of a float).
+        floating = isinstance(value, torch.Tensor) and value.is_floating_point()
+        self.current_score = torch.tensor(current, dtype=value.dtype if floating else torch.get_default_dtype())
         self.best_k_models[path] = self.current_score
         if len(self.best_k_models) == k:
             self.kth_best_model_path = _pick(self.best_k_models, worst=True, mode=self.mode)
@@ -353,6 +356,11 @@ class ModelCheckpoint(Callback):
         else:
             trainer.save_checkpoint(path, self.save_weights_only)
         self._just_saved = self._last_checkpoint_saved = path
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:  # as Lightning: each logger may act on the new file (upload it)
+                hook = getattr(logger, "after_save_checkpoint", None)
+                if hook is not None:
+                    hook(weakref.proxy(self))
 
     def _remove_if_ours(self, trainer: Any, previous: str, current: str) -> None:
         """Delete a file this callback wrote before, unless it is still in use or lies outside ``dirpath``."""
@@ -444,16 +452,16 @@ class ModelCheckpoint(Callback):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Bookkeeping saved in checkpoints (scores as floats)."""
+        """Bookkeeping saved in checkpoints (scores as tensors of the logged dtype, as Lightning saves them)."""
         return {
             "monitor": self.monitor,
             "dirpath": self.dirpath,
             "best_model_path": self.best_model_path,
-            "best_model_score": None if self.best_model_score is None else float(self.best_model_score),
-            "current_score": None if self.current_score is None else float(self.current_score),
-            "best_k_models": {path: float(score) for path, score in self.best_k_models.items()},
+            "best_model_score": self.best_model_score,  # tensors, as Lightning saves them
+            "current_score": self.current_score,
+            "best_k_models": dict(self.best_k_models),
             "kth_best_model_path": self.kth_best_model_path,
-            "kth_value": float(self.kth_value),
+            "kth_value": self.kth_value,
             "last_model_path": self.last_model_path,
             "last_global_step_saved": self._last_global_step_saved,
             "recent_model_paths": list(self._recent),
@@ -471,7 +479,7 @@ class ModelCheckpoint(Callback):
             self.current_score = as_tensor(state_dict.get("current_score"))
             self.best_k_models = {p: as_tensor(v) for p, v in state_dict.get("best_k_models", {}).items()}
             self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
-            self.kth_value = as_tensor(state_dict.get("kth_value", float(self.kth_value)))
+            self.kth_value = as_tensor(state_dict.get("kth_value", self.kth_value))
             self.last_model_path = state_dict.get("last_model_path", "")
             self._recent = list(state_dict.get("recent_model_paths", []))
         elif _sibling_runs(saved_dir, self.dirpath):  # the ordinary resume: the logger opened a new version_N
@@ -480,7 +488,8 @@ class ModelCheckpoint(Callback):
         else:
             rank_zero_warn(
                 f"ModelCheckpoint: the checkpoint folder changed from {saved_dir!r} to {self.dirpath!r}, so only "
-                "best_model_path is restored; top-k bookkeeping starts afresh in the new folder."
+                "best_model_path is restored; top-k bookkeeping starts afresh in the new folder (The dirpath has "
+                "changed from the one the checkpoint recorded)."
             )
         self.best_model_path = state_dict.get("best_model_path", "")
         self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)
@@ -522,8 +531,11 @@ def _after_commit(trainer: Any, action: Any) -> None:
         connector.after_commit(action)
 
 
-def _score_tensor(value: Optional[float]) -> Optional[torch.Tensor]:
-    return None if value is None else torch.tensor(value, dtype=torch.float64)
+def _score_tensor(value: Union[float, torch.Tensor, None]) -> Optional[torch.Tensor]:
+    """A saved score as a tensor: tensors as saved, floats (checkpoints of earlier versions) as float64."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    return torch.tensor(value, dtype=torch.float64)
 
 
 def _pick(scores: dict[str, torch.Tensor], worst: bool, mode: str) -> str:
@@ -534,19 +546,21 @@ def _pick(scores: dict[str, torch.Tensor], worst: bool, mode: str) -> str:
 def _check_arguments(monitor: Optional[str], mode: str, save_top_k: Any, save_last: Any, every_n_train_steps: Any,
                      every_n_epochs: Any, train_time_interval: Any) -> None:  # fmt: skip
     if mode not in ("min", "max"):
-        raise ConfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid. Use 'min' or 'max'.")
+        raise ConfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid: `mode` can be min, max but got {mode}.")
     if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
-        raise ConfigurationError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int >= -1 (-1 keeps all).")
+        raise ConfigurationError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int. Must be >= -1 (-1 keeps "
+                                 "all).")  # fmt: skip
     if monitor is None and save_top_k not in (-1, 0, 1):
         raise ConfigurationError(
-            f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None): without a monitored metric there is no ranking. "
+            f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration: without a monitored "
+            "metric there is no ranking. "
             "Set monitor='val_loss' (or another logged metric), or use save_top_k=-1 (all), 1 (latest) or 0."
         )
     if save_last not in (None, True, False, "link"):
         raise ConfigurationError(f"ModelCheckpoint(save_last={save_last!r}) must be None, True, False or 'link'.")
     for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ConfigurationError(f"ModelCheckpoint({name}={value!r}) must be None or an int >= 0.")
+            raise ConfigurationError(f"ModelCheckpoint({name}={value!r}) must be None or an int. Must be >= 0.")
     if train_time_interval is not None:
         seconds = train_time_interval.total_seconds() if isinstance(train_time_interval, timedelta) else train_time_interval
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
@@ -557,5 +571,6 @@ def _check_arguments(monitor: Optional[str], mode: str, save_top_k: Any, save_la
     if sum(triggers) > 1:
         raise ConfigurationError(
             "ModelCheckpoint: every_n_train_steps, every_n_epochs and train_time_interval are mutually exclusive; "
-            "set one of them."
+            f"set one of them (Combination of parameters every_n_train_steps={every_n_train_steps}, every_n_epochs="
+            f"{every_n_epochs} and train_time_interval={train_time_interval} should be mutually exclusive)."
         )

@@ -5,7 +5,7 @@ import math
 import time
 from typing import Any, Optional
 
-from trainer.callbacks.callback import Callback
+from trainer.callbacks.progress_bar import ProgressBar
 
 
 def _total(value: float) -> Optional[float]:
@@ -17,7 +17,7 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
 
 
-class RichProgressBar(Callback):
+class RichProgressBar(ProgressBar):
     """Progress of fit/validate/test/predict, drawn with rich. Added by default (``enable_progress_bar=True``).
 
     On a terminal: live bars (epochs, the current epoch's batches, validation) redrawn at most every
@@ -28,7 +28,8 @@ class RichProgressBar(Callback):
     ``trainer.progress_bar_metrics`` (which reads the device) only when it redraws.
     Pass ``console=rich.console.Console(...)`` to draw somewhere else. Only global rank 0 draws.
     Lightning's ``refresh_rate`` (batches) and ``leave`` are accepted: ``refresh_rate=0`` hides the bars, other
-    values keep the time-based redraw.
+    values keep the time-based redraw. What the bars show is :meth:`get_metrics` (``v_num`` and the
+    ``prog_bar=True`` metrics): override it to change that.
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class RichProgressBar(Callback):
         refresh_rate: Optional[int] = None,
         leave: bool = False,
     ) -> None:
+        super().__init__()
         self.refresh_rate = refresh_rate
         self.leave = leave
         self.refresh_interval = refresh_interval
@@ -57,6 +59,7 @@ class RichProgressBar(Callback):
         self._before_val: dict[str, float] = {}
         self._val_keys: set[str] = set()  # prog_bar keys validations have logged
         self._epoch_start = 0.0
+        self._module: Any = None
 
     # ------------------------------------------------------------------ display
     @property
@@ -83,7 +86,7 @@ class RichProgressBar(Callback):
         self._next = time.monotonic() + self._interval
         if metrics is None:
             quiet = trainer.sanity_checking or trainer.predicting  # nothing is logged there
-            metrics = "" if quiet else format_metrics(trainer.progress_bar_metrics)
+            metrics = "" if quiet else format_metrics(self.get_metrics(trainer, self._module))
         self.display.show(self._bar, self._done, metrics, description)
 
     def _tick(self, trainer: Any) -> None:
@@ -97,7 +100,31 @@ class RichProgressBar(Callback):
             self._display.stop()
 
     # ------------------------------------------------------------------ fit
+    @property
+    def is_enabled(self) -> bool:
+        """Whether the bar draws."""
+        return self._enabled
+
+    @property
+    def is_disabled(self) -> bool:
+        """Whether the bar is hidden."""
+        return not self._enabled
+
+    def disable(self) -> None:
+        """Stop drawing."""
+        self._enabled = False
+
+    def enable(self) -> None:
+        """Draw again (on global rank 0, unless ``refresh_rate=0``)."""
+        self._enabled = self.refresh_rate != 0
+
+    def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
+        """Print a line above the bars."""
+        if self._enabled:
+            self.display.message(sep.join(map(str, args)))
+
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        self._trainer, self._module = trainer, module
         self._enabled = trainer.is_global_zero and self.refresh_rate != 0
 
     def on_sanity_check_start(self, trainer: Any, module: Any) -> None:
@@ -129,7 +156,7 @@ class RichProgressBar(Callback):
             return
         display = self.display
         self._bar = "train"
-        metrics = format_metrics(trainer.progress_bar_metrics)
+        metrics = format_metrics(self.get_metrics(trainer, module))
         if display.live:
             self._show(trainer, self._epoch_name(trainer), metrics)
             display.show("epochs", trainer.current_epoch + 1)
@@ -150,7 +177,7 @@ class RichProgressBar(Callback):
     def on_validation_start(self, trainer: Any, module: Any) -> None:
         if not trainer.sanity_checking:
             self._resume = self._bar, self._done
-            self._before_val = dict(trainer.progress_bar_metrics) if self._enabled else {}
+            self._before_val = dict(self.get_metrics(trainer, module)) if self._enabled else {}
             in_fit = trainer.state_stage == "fit"  # validate() alone: the count is not exposed, the bar has no total
             self._open("val", "Validation", _total(sum(trainer.num_val_batches)) if in_fit else None)
 
@@ -164,7 +191,7 @@ class RichProgressBar(Callback):
         # Show what this validation produced, not the training metrics: the keys it changed or added, and every key
         # an earlier validation showed (its value may simply not have changed since then).
         before = self._before_val
-        current = trainer.progress_bar_metrics
+        current = self.get_metrics(trainer, module)
         self._val_keys.update(k for k, v in current.items() if k not in before or before[k] != v)
         metrics = {k: v for k, v in current.items() if k in self._val_keys}
         self.display.close("val", f"Validation  {self._done} batches  {format_metrics(metrics)}".rstrip())

@@ -19,8 +19,3 @@ class TQDMProgressBar(RichProgressBar):
                                      "(0 turns the bar off).")  # fmt: skip
         super().__init__(refresh_rate=refresh_rate, leave=leave)
         self.process_position = process_position
-
-    @property
-    def is_enabled(self) -> bool:
-        """Whether the bar draws (``refresh_rate > 0`` on global rank 0)."""
-        return self._enabled

@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 from trainer.loggers.log_files import log_write_error, write_text_atomically
 from trainer.loggers.run_folder import FolderLogger, plain_value, save_hparams_yaml
-from trainer.strategies.rank import rank_zero_only
+from trainer.strategies.rank import rank_zero_only, rank_zero_warn
 
 
 class ExperimentWriter:
@@ -69,6 +69,7 @@ class CSVLogger(FolderLogger):
         self._rows: list[dict[str, Any]] = []
         self._columns: list[str] = []  # header of the file on disk
         self._hparams: dict[str, Any] = {}
+        self._experiment: Optional[ExperimentWriter] = None
 
     @property
     def metrics_file_path(self) -> str:
@@ -77,12 +78,25 @@ class CSVLogger(FolderLogger):
 
     @property
     def experiment(self) -> ExperimentWriter:
-        """The writer (Lightning's ``ExperimentWriter``): ``metrics`` buffered, ``metrics_file_path``, ``save()``."""
-        return ExperimentWriter(self)
+        """The writer (Lightning's ``ExperimentWriter``): ``metrics`` buffered, ``metrics_file_path``, ``save()``.
+        Made on first use (the first logged value), with a warning, as Lightning's, when the run's folder already
+        holds files: a ``version`` given twice writes over the earlier run's logs."""
+        if self._experiment is None:
+            self._experiment = ExperimentWriter(self)
+            log_dir = self.log_dir
+            rank = rank_zero_only.rank  # type: ignore[attr-defined]
+            if rank == 0 and os.path.isdir(log_dir) and os.listdir(log_dir):
+                rank_zero_warn(f"Experiment logs directory {log_dir} exists and is not empty. Previous log files in "
+                               "this directory will be deleted when the new ones are saved!")  # fmt: skip
+                if os.path.isfile(self.metrics_file_path):  # this run's rows start a new file, as Lightning's
+                    os.remove(self.metrics_file_path)
+        return self._experiment
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         """Buffer one row: ``step`` and the metrics."""
+        if self._experiment is None:
+            self.experiment  # noqa: B018 - made on first use, as Lightning's
         row: dict[str, Any] = {"step": step}
         for key, value in metrics.items():
             row[key] = plain_value(value)
@@ -93,6 +107,8 @@ class CSVLogger(FolderLogger):
     @rank_zero_only
     def log_hyperparams(self, params: Optional[dict[str, Any]] = None, metrics: Optional[dict[str, float]] = None) -> None:
         """Write ``hparams.yaml`` (and ``metrics`` as a row at step 0)."""
+        if self._experiment is None:
+            self.experiment  # noqa: B018 - made on first use, as Lightning's
         self._hparams.update(params or {})
         save_hparams_yaml(os.path.join(self._folder.create(), "hparams.yaml"), self._hparams)
         if metrics:

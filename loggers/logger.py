@@ -27,6 +27,20 @@ class Logger:
         """Folder of this run's files, if any (checkpoints go under it by default)."""
         return None
 
+    @property
+    def root_dir(self) -> Optional[str]:
+        """Folder holding every version of this experiment, if any."""
+        return None
+
+    @property
+    def group_separator(self) -> str:
+        """What joins a metric's group and name (``"train/loss"``)."""
+        return "/"
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Called by ``ModelCheckpoint`` after each checkpoint it writes (e.g. to upload it); it receives the
+        callback (its ``best_model_path``, ``last_model_path``, ``best_k_models``)."""
+
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         """Record scalar metrics at ``step``."""
 

@@ -22,6 +22,9 @@ class TensorBoardLogger(FolderLogger):
     are the scalars this run logged, written when the run ends so they hold the final values.
     ``log_graph=True`` records the module's graph at the start of fit, traced with
     ``module.example_input_array``. ``tensorboard`` is imported when the first event is written.
+    As in Lightning, ``default_hp_metric=True`` logs ``hp_metric = -1`` when hyperparameters are logged without
+    metrics (the HParams dashboard shows runs that have a metric), and ``sub_dir`` puts the event files in
+    ``save_dir/name/version_N/sub_dir``.
     """
 
     def __init__(
@@ -30,11 +33,15 @@ class TensorBoardLogger(FolderLogger):
         name: Optional[str] = "logs",
         version: Union[int, str, None] = None,
         log_graph: bool = False,
+        default_hp_metric: bool = True,
         prefix: str = "",
+        sub_dir: Union[str, os.PathLike, None] = None,
         **writer_kwargs: Any,
     ) -> None:
         super().__init__(save_dir, name, version)
         self._log_graph = bool(log_graph)
+        self._default_hp_metric = bool(default_hp_metric)
+        self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
         self._prefix = prefix
         self._writer_kwargs = writer_kwargs
         self._writer: Any = None
@@ -49,10 +56,31 @@ class TensorBoardLogger(FolderLogger):
 
             quiet_writer_threads()
             try:
-                self._writer = SummaryWriter(log_dir=self._folder.create(), **self._writer_kwargs)
+                self._writer = SummaryWriter(log_dir=self._created_log_dir(), **self._writer_kwargs)
             except OSError as err:
                 raise self._write_error(err) from None
         return self._writer
+
+    @property
+    def sub_dir(self) -> Optional[str]:
+        """The folder under the version folder holding the event files, if one was given."""
+        return self._sub_dir
+
+    @property
+    def log_dir(self) -> str:
+        """``save_dir/name/version_N`` (``/sub_dir`` with a ``sub_dir``; ``~`` and ``$VARS`` expanded), from the
+        ``name`` and ``version`` properties (a subclass may override them, as in Lightning)."""
+        version = self.version
+        path = os.path.join(self.root_dir, version if isinstance(version, str) else f"version_{version}")
+        if self._sub_dir is not None:
+            path = os.path.join(path, self._sub_dir)
+        return os.path.expanduser(os.path.expandvars(path))
+
+    def _created_log_dir(self) -> str:
+        self._folder.create()  # claims the version folder
+        path = self.log_dir
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def _write_error(self, err: OSError) -> OSError:
         return log_write_error(err, self._folder.path, "TensorBoard event files in")
@@ -71,13 +99,21 @@ class TensorBoardLogger(FolderLogger):
             raise self._write_error(err) from None
 
     @rank_zero_only
-    def log_hyperparams(self, params: Optional[dict[str, Any]] = None, metrics: Optional[dict[str, float]] = None) -> None:
+    def log_hyperparams(self, params: Optional[dict[str, Any]] = None, metrics: Any = None,
+                        step: Optional[int] = None) -> None:  # fmt: skip
         """Record hyperparameters in ``hparams.yaml`` now, and in the HParams dashboard when the run ends
-        (or now, with ``metrics``, which are also logged as scalars)."""
+        (or now, with ``metrics``, which are also logged as scalars at ``step``; a single number is
+        ``hp_metric``). Without ``metrics``, ``hp_metric = -1`` is logged when ``default_hp_metric=True``."""
         self._hparams.update(params or {})
-        save_hparams_yaml(os.path.join(self._folder.create(), "hparams.yaml"), self._hparams)
+        save_hparams_yaml(os.path.join(self._created_log_dir(), "hparams.yaml"), self._hparams)
+        if metrics is None:
+            if self._default_hp_metric:  # a placeholder the user overwrites with self.log("hp_metric", ...)
+                self.log_metrics({"hp_metric": -1}, step)
+            return
+        if not isinstance(metrics, dict):
+            metrics = {"hp_metric": metrics}
         if metrics:
-            self.log_metrics(metrics, 0)
+            self.log_metrics(metrics, step)
             self._write_hparams("success")
 
     @rank_zero_only
@@ -106,7 +142,11 @@ class TensorBoardLogger(FolderLogger):
 
     @rank_zero_only
     def save(self) -> None:
-        """Flush pending events to disk."""
+        """Flush pending events to disk; write ``hparams.yaml`` into the run's folder if it is not there yet (as
+        Lightning's, so every run has one)."""
+        log_dir = self.log_dir
+        if os.path.isdir(log_dir) and not os.path.isfile(os.path.join(log_dir, "hparams.yaml")):
+            save_hparams_yaml(os.path.join(log_dir, "hparams.yaml"), self._hparams)
         if self._writer is not None:
             try:
                 self._writer.flush()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,12 @@ def test_any_rank_asking_to_stop_stops_every_rank(tmp_path: Path) -> None:
 def test_a_monitor_that_is_not_logged(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="no metric 'val_acc' among the logged ones"):
         fit(tmp_path, [1], EarlyStopping("val_acc"), enable_checkpointing=False)
-    with pytest.warns(UserWarning, match="this check is skipped"):
-        trainer = fit(tmp_path, [1], EarlyStopping("val_acc", strict=False), enable_checkpointing=False, max_epochs=2)
+    with pytest.raises(RuntimeError, match="conditioned on metric `val_acc` which is not available"):  # Lightning's
+        fit(tmp_path, [1], EarlyStopping("val_acc"), enable_checkpointing=False)
+    with pytest.warns(RuntimeWarning, match="this check is skipped"):  # strict=False: said only when verbose
+        trainer = fit(tmp_path, [1], EarlyStopping("val_acc", strict=False, verbose=True), enable_checkpointing=False,
+                      max_epochs=2)  # fmt: skip
     assert trainer.current_epoch == 2
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*this check is skipped")
+        fit(tmp_path, [1], EarlyStopping("val_acc", strict=False), enable_checkpointing=False, max_epochs=1)

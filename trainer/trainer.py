@@ -438,6 +438,7 @@ class Trainer:
                 datamodule.setup(stage=stage)
             self._call_hook("setup", stage=stage)
             configure_model_once(model, self.strategy)
+            self._metrics.reset()  # each stage starts without the metrics of the one before, as in Lightning
             yield
             self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
             finished = True
@@ -793,8 +794,8 @@ class Trainer:
 
     @property
     def logged_metrics(self) -> dict[str, Any]:
-        """What was last sent to the loggers."""
-        return self._metrics.logged_metrics
+        """What was sent to the loggers (and the training values logged for them since the last write)."""
+        return self._metrics.read_logged_metrics()
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
@@ -984,10 +985,11 @@ class Trainer:
 
     @property
     def progress_bar_callback(self) -> Optional[Callback]:
-        """The progress bar (``RichProgressBar``), or ``None`` (``enable_progress_bar=False``)."""
-        from trainer.callbacks.rich_progress import RichProgressBar
+        """The progress bar (``RichProgressBar`` or a user's ``ProgressBar``), or ``None``
+        (``enable_progress_bar=False``)."""
+        from trainer.callbacks.progress_bar import ProgressBar
 
-        return next((cb for cb in self.callbacks if isinstance(cb, RichProgressBar)), None)
+        return next((cb for cb in self.callbacks if isinstance(cb, ProgressBar)), None)
 
     @property
     def test_dataloaders(self) -> Any:

@@ -324,6 +324,13 @@ class CheckpointConnector:
             if state:
                 callback.load_state_dict(state)
         self.restore_progress(checkpoint)  # before on_fit_start: a callback there knows the fit resumed (see docs)
+        progress = trainer.fit_loop.progress
+        if trainer.max_epochs not in (None, -1) and progress.epoch > trainer.max_epochs:  # as Lightning refuses
+            raise ConfigurationError(
+                f"You restored a checkpoint with current_epoch={progress.epoch}, but you have set "
+                f"Trainer(max_epochs={trainer.max_epochs}): '{path}' is past the last epoch this fit would run. "
+                f"Raise max_epochs to at least {progress.epoch} to continue from it."
+            )
         self._pending = (path, checkpoint)
         return True
 

@@ -234,12 +234,14 @@ def build_callbacks(
     from trainer.callbacks.fit_report import FitReport
     from trainer.callbacks.model_checkpoint import ModelCheckpoint
     from trainer.callbacks.model_summary import ModelSummary
+    from trainer.callbacks.progress_bar import ProgressBar
     from trainer.callbacks.rich_progress import RichProgressBar
 
     defaults: list[Callback] = []
-    for enabled, cls in ((enable_model_summary, ModelSummary), (enable_progress_bar, RichProgressBar),
-                         (enable_progress_bar, FitReport)):  # fmt: skip
-        if enabled and not any(isinstance(cb, cls) for cb in user):
+    for enabled, cls, kind in ((enable_model_summary, ModelSummary, ModelSummary),
+                               (enable_progress_bar, RichProgressBar, ProgressBar),  # a user's own bar replaces ours
+                               (enable_progress_bar, FitReport, FitReport)):  # fmt: skip
+        if enabled and not any(isinstance(cb, kind) for cb in user):
             defaults.append(cls())
     has_checkpoint = any(isinstance(cb, ModelCheckpoint) for cb in user)
     if enable_checkpointing and not has_checkpoint:

@@ -11,6 +11,8 @@ import warnings
 
 from typing import Any, Optional
 
+import torch
+
 from trainer.strategies.rank import rank_zero_only
 from trainer.metrics.logged_metrics import ResultCollection
 
@@ -30,6 +32,15 @@ class MetricsConnector:
         """A ResultCollection reducing through this Trainer's strategy."""
         return ResultCollection(stage, self.trainer.strategy)
 
+    def reset(self) -> None:
+        """Forget what earlier stages logged: each fit/validate/test/predict starts with empty
+        ``callback_metrics``, ``logged_metrics`` and ``progress_bar_metrics``, as in Lightning."""
+        self.train.reset()
+        self.val.reset()
+        self.callback_metrics.clear()
+        self.logged_metrics.clear()
+        self.progress_bar_metrics.clear()
+
     # ------------------------------------------------------------------ live reads (never collective)
     def read_callback_metrics(self) -> dict[str, Any]:
         """Everything logged so far, refreshed from the running stage."""
@@ -45,6 +56,14 @@ class MetricsConnector:
         if results.values:
             self.callback_metrics.update(results.callback_metrics(results.epoch_done))
         return self.callback_metrics
+
+    def read_logged_metrics(self) -> dict[str, Any]:
+        """What was sent to the loggers, and the training values logged with ``logger=True`` since (Lightning
+        updates ``logged_metrics`` after every training batch, whether or not the loggers were written then)."""
+        train = self.train
+        if train.values and self.trainer._results is train and not self.trainer.sanity_checking:
+            self.logged_metrics.update(train.step_metrics(logger_only=True))
+        return self.logged_metrics
 
     def read_progress_bar_metrics(self) -> dict[str, float]:
         """``prog_bar=True`` values as floats, plus ``skipped_steps`` once the fp16 scaler skipped any."""
@@ -73,6 +92,7 @@ class MetricsConnector:
     def log_train_epoch(self) -> None:
         """At the end of a training epoch: keep the epoch values and send them to the loggers."""
         results = self.train
+        self.logged_metrics.update(results.step_metrics(logger_only=True))  # the epoch's last step values
         self.callback_metrics.update(results.callback_metrics(epoch_done=True))
         self.progress_bar_metrics.update(results.prog_bar_metrics())
         self.send(results.epoch_metrics(logger_only=True))
@@ -126,17 +146,28 @@ class MetricsConnector:
 
     @rank_zero_only
     def log_hyperparams(self, model: Any, datamodule: Any) -> None:
-        """Send the module's (and datamodule's) hyperparameters, and the graph where asked for. Those saved with
-        ``save_hyperparameters(logger=False)`` stay out; when neither sends any, ``log_hyperparams`` is not called."""
+        """Send the hyperparameters the module and datamodule saved with ``save_hyperparameters()`` (as first
+        saved), then the graph where asked for, then ``logger.save()``, as Lightning does. Those saved with
+        ``logger=False``, or never saved, stay out; when neither sends any, ``log_hyperparams`` is not called. A key
+        both hold with different values is an error (the logged run would misreport one of them)."""
         sources = [model] + ([datamodule] if datamodule is not None and hasattr(datamodule, "hparams") else [])
-        sources = [source for source in sources if getattr(source, "_log_hyperparams", True)]
-        params = {}
+        sources = [source for source in sources if getattr(source, "_log_hyperparams", False)]
+        params: dict[str, Any] = {}
         for source in sources:
-            params.update(dict(source.hparams))
+            saved = dict(getattr(source, "hparams_initial", source.hparams))
+            clashing = [key for key in saved.keys() & params.keys()
+                        if key != "_class_path" and not _same(saved[key], params[key])]  # fmt: skip
+            if clashing:
+                raise RuntimeError(f"Error while merging hparams: the keys {clashing} are present in both the "
+                                   "TrainModule's and DataModule's hparams but have different values. Rename one of "
+                                   "them so the logged run records both.")  # fmt: skip
+            params.update(saved)
+        params.pop("_class_path", None)  # TrainerCLI's bookkeeping, not a hyperparameter
         for logger in self.trainer.loggers:
             if sources:
                 logger.log_hyperparams(params)
             logger.log_graph(model)  # a no-op unless the logger was asked to, e.g. TensorBoardLogger(log_graph=True)
+            logger.save()
 
     def finalize(self, status: str) -> None:
         """Close every logger with the run's status. After a failed or interrupted run a logger that cannot close
@@ -151,6 +182,19 @@ class MetricsConnector:
                 except Exception as err:  # noqa: BLE001 - reported, and the run's error follows
                     warnings.warn(f"{type(logger).__name__} could not be closed after the run {status}: {err}",
                                   stacklevel=2)  # fmt: skip
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two hyperparameter values agree: of one type and equal (tensors: the same object, as comparing them
+    is elementwise)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a usable ==: compare identity
+        return a is b
 
 
 def print_eval_results(stage: str, outputs: list[dict[str, float]]) -> None:

@@ -32,8 +32,8 @@ def _reduce_name(reduce_fx: Union[str, Callable]) -> str:
     if reduce_fx in _REDUCE_FUNCS:
         return _REDUCE_FUNCS[reduce_fx]
     raise ConfigurationError(
-        f"self.log(reduce_fx={reduce_fx!r}) is not supported. Use 'mean', 'sum', 'max', 'min' "
-        "(or torch.mean/sum/max/min, or Python's sum/max/min)."
+        f"self.log(reduce_fx={reduce_fx!r}) is not supported: only `self.log(..., reduce_fx={{min,max,mean,sum}})` "
+        "are supported ('mean', 'sum', 'max', 'min', torch.mean/sum/max/min, or Python's sum/max/min)."
     )
 
 
@@ -248,6 +248,10 @@ class ResultCollection:
         # compares one tuple and updates.
         call = (on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist, self.epoch_level)
         dataloader_idx = self.dataloader_idx
+        if add_dataloader_idx and isinstance(name, str) and "/dataloader_idx_" in name:
+            raise ConfigurationError(f"You called `self.log` with the key `{name}` but it should not contain "
+                                     "information about `dataloader_idx` when `add_dataloader_idx=True`: the suffix "
+                                     "is added for you with several dataloaders.")  # fmt: skip
         key = name if dataloader_idx is None or not add_dataloader_idx else f"{name}/dataloader_idx_{dataloader_idx}"
         entry = self.values.get(key)
         if entry is None or entry.call != call or entry.dataloader_idx != dataloader_idx:
@@ -285,19 +289,20 @@ class ResultCollection:
                 "Use on_step=False (the default there)."
             )
         if not on_step and not on_epoch:
-            raise ConfigurationError(f"self.log({key!r}) with on_step=False and on_epoch=False records nothing.")
+            raise ConfigurationError(f"self.log({key!r}) with on_step=False and on_epoch=False records nothing: "
+                                     "`self.log(on_step=False, on_epoch=False)` is not useful.")  # fmt: skip
         if isinstance(value, Tensor):
             if value.numel() != 1:
                 raise ConfigurationError(
-                    f"self.log({key!r}, value) needs a scalar; got a tensor of shape {tuple(value.shape)}. "
-                    "Reduce it first (e.g. value.mean())."
+                    f"`self.log({name}, {value})` was called, but the tensor must have a single element (a scalar); "
+                    f"it has shape {tuple(value.shape)}. Reduce it first (e.g. `self.log({name!r}, value.mean())`)."
                 )
             if value.is_complex():
                 raise ConfigurationError(f"self.log({key!r}, value): complex tensors cannot be logged.")
         elif not _is_metric(value) and not isinstance(value, (int, float)):
             raise ConfigurationError(
-                f"self.log({key!r}, value) got a {type(value).__name__}; log a number, a scalar tensor "
-                "or a torchmetrics.Metric."
+                f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be logged: log "
+                "a number, a scalar tensor or a torchmetrics.Metric (several values: one self.log each, or log_dict)."
             )
         entry = LoggedValue(name, key, options, call, dataloader_idx)
         if on_step and logger:

@@ -1,6 +1,7 @@
 """Lightning 2.6's time-based ``val_check_interval`` ("DD:HH:MM:SS", a timedelta, a dict of its arguments) and the
 loop progress members a Lightning user's callback reads (``fit_loop.total_batch_idx``, ``batch_progress``,
-``epoch_loop.max_steps``, ``trainer.validate_loop``), on real fits of a tiny module.
+``epoch_loop.max_steps``, ``trainer.validate_loop``), on real fits of a tiny module; with them the two utilities
+Lightning's loop tests import (``PossibleUserWarning``, ``has_len_all_ranks``).
 
 The wall clock is the test's: ``training_step`` moves it on one second per batch, so where validation runs does
 not depend on how often anything reads it."""
@@ -144,3 +145,36 @@ def test_a_malformed_duration_is_refused(value):
 def test_a_fraction_without_epoch_gating_is_refused_in_lightnings_words():
     with pytest.raises(ConfigurationError, match="`val_check_interval` should be an integer or a time-based duration"):
         Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
+
+
+def test_possible_user_warning_is_the_category_of_max_epochs_not_set():
+    from trainer.utilities.warnings import PossibleUserWarning
+
+    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, max_epochs=None, limit_train_batches=1, limit_val_batches=0)  # fmt: skip
+    with pytest.warns(PossibleUserWarning, match="`max_epochs` was not set"):
+        trainer.fit(BoringModel())
+    assert issubclass(PossibleUserWarning, UserWarning) and trainer.max_epochs == 1000
+
+
+def test_has_len_all_ranks_on_sized_and_unsized_loaders():
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from trainer.utilities.data import has_len_all_ranks
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from torch.zeros(4, 2)
+
+    class StreamWithLen(Stream):
+        def __len__(self):
+            return 4
+
+    strategy = Trainer(accelerator="cpu", logger=False).strategy
+    assert has_len_all_ranks(DataLoader(torch.zeros(8, 2), batch_size=2), strategy)
+    assert not has_len_all_ranks(DataLoader(Stream()), strategy)
+    with pytest.warns(UserWarning, match="Your `IterableDataset` has `__len__` defined"):
+        assert has_len_all_ranks(DataLoader(StreamWithLen()), strategy)
+    with pytest.warns(UserWarning, match="Total length of `DataLoader` across ranks is zero"):
+        assert has_len_all_ranks(DataLoader(torch.zeros(0, 2)), strategy)

@@ -25,7 +25,7 @@ from trainer.strategies.connector import build_strategy
 from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
 from trainer.strategies.speed.compile import check_compile
 from trainer.strategies.errors import AutomaticOptimizationError, ConfigurationError
-from trainer.strategies.rank import rank_zero_warn
+from trainer.strategies.rank import PossibleUserWarning, rank_zero_warn
 from trainer.strategies.strategy import Strategy
 from trainer.data import loaders as data_utils
 from trainer.checkpoint import auto_resume
@@ -546,7 +546,8 @@ class Trainer:
         if self.loggers and not self.fast_dev_run and self.num_training_batches < self.log_every_n_steps:
             rank_zero_warn(f"The number of training batches ({self.num_training_batches}) is smaller than the logging "
                            f"interval Trainer(log_every_n_steps={self.log_every_n_steps}): training values reach the "
-                           "loggers less than once per epoch. Lower log_every_n_steps to see them every epoch.")  # fmt: skip
+                           "loggers less than once per epoch. Lower log_every_n_steps to see them every epoch.",
+                           category=PossibleUserWarning)  # fmt: skip
 
     def _load_val_data(self) -> None:
         """Request fit's validation loaders where Lightning does: the first time validation runs, then again when

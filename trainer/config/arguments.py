@@ -16,7 +16,7 @@ import torch
 from trainer.callbacks.callback import Callback
 from trainer.loggers.logger import Logger
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.rank import rank_zero_info, rank_zero_warn
+from trainer.strategies.rank import PossibleUserWarning, rank_zero_info, rank_zero_warn
 from trainer.strategies.checkpoint.storage import is_remote
 from trainer.data.loaders import validate_limit
 
@@ -144,7 +144,7 @@ def resolve_max_epochs(max_epochs: Optional[int], max_steps: int, has_timer: boo
     if max_steps != -1 or has_timer:
         return -1
     rank_zero_warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
-                   "`max_epochs=-1`.")
+                   "`max_epochs=-1`.", category=PossibleUserWarning)
     return 1000
 
 

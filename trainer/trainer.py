@@ -359,7 +359,7 @@ class Trainer:
             if self.enable_autolog_hparams:
                 self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses
-                self._run_sanity_check()
+                self._run_sanity_check(restoring)
                 self._load_train_data_once()  # after the sanity check, as Lightning requests it
                 epoch_loop = TrainingEpochLoop(self, self._optimization)
                 self._results = self._metrics.train
@@ -660,9 +660,10 @@ class Trainer:
             self.num_training_batches = balance_training_batches(self.strategy.reduce, self.num_training_batches)
         self._train_batches_agreed = True
 
-    def _run_sanity_check(self) -> None:
+    def _run_sanity_check(self, restoring: bool) -> None:
+        """As in Lightning: before every fit but one resumed from a checkpoint (a second ``fit()`` runs it too)."""
         steps = self.num_sanity_val_steps
-        if not self._val_enabled or steps == 0 or self.fit_loop.progress.global_step > 0:
+        if not self._val_enabled or steps == 0 or restoring:
             return
         self.sanity_checking = True
         try:

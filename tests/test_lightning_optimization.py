@@ -403,3 +403,25 @@ def test_optimizer_step_arguments_reach_the_optimizer_in_manual_and_automatic_op
     assert manual.optimizers().optimizer.received == [(True, {"tag": "manual"})] * 2  # the closure too
     quiet_trainer(max_steps=2, limit_val_batches=0).fit(automatic)  # (the closure ran before the step here)
     assert [kwargs for _, kwargs in automatic.optimizers().optimizer.received] == [{"tag": "automatic"}] * 2
+
+
+def test_manual_zero_grad_does_not_call_on_before_zero_grad():
+    class Manual(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.before_zero_grad = 0
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(self.step(batch))
+            opt.step()
+            assert self.layer.weight.grad is not None
+
+        def on_before_zero_grad(self, optimizer):
+            self.before_zero_grad += 1
+
+    model = Manual()
+    quiet_trainer(max_steps=3, limit_val_batches=0).fit(model)
+    assert model.before_zero_grad == 0 and model.trainer.global_step == 3

@@ -481,7 +481,7 @@ class ManualOptimizer(OptimizerWrapper):
         self._counter.after_step(stepped)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients (after the ``on_before_zero_grad`` hook)."""
-        self._trainer._call_hook("on_before_zero_grad", self._optimizer)
+        """Clear gradients. As in Lightning, ``on_before_zero_grad`` is not called here: it belongs to automatic
+        optimisation, where the loop clears the gradients."""
         self._optimizer.zero_grad(set_to_none=set_to_none)
 

@@ -62,6 +62,12 @@ def rank_zero_print(*args: Any, **kwargs: Any) -> None:
     print(*args, **kwargs)
 
 
+class PossibleUserWarning(UserWarning):
+    """A warning that may be a false positive (a setting that is often, but not always, a mistake); Lightning's
+    category of the same name, so ``warnings.filterwarnings("ignore", category=PossibleUserWarning)`` silences
+    them all at once."""
+
+
 @rank_zero_only
 def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklevel: int = 3) -> None:
     """``warnings.warn`` on global rank 0 only."""

@@ -233,10 +233,12 @@ class Strategy:
         return _NULL_CONTEXT
 
     def optimizer_step(
-        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None
+        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None,
+        **kwargs: Any,
     ) -> bool:
-        """Unscale → ``before_step`` (hooks, clipping) → step → scaler update. False when the step was skipped."""
-        return self.precision.optimizer_step(optimizer, before_step, closure)
+        """Unscale → ``before_step`` (hooks, clipping) → step → scaler update. False when the step was skipped.
+        ``kwargs`` go to the optimizer's ``step`` (as Lightning passes ``optimizer.step(closure, **kwargs)``'s)."""
+        return self.precision.optimizer_step(optimizer, before_step, closure, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Make ``optimizer``'s gradients true gradients (undo loss scaling); idempotent within a step."""

@@ -468,3 +468,31 @@ def test_ddp_spawn_failure_reaches_the_callers_callbacks():
     with pytest.raises(Exception, match="Error during train"):
         trainer.fit(_FailsInTraining())
     assert counter.exceptions == 1
+
+
+def test_a_second_fit_runs_the_sanity_check_and_attaches_its_new_loaders(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from trainer.demos.boring_classes import RandomDataset
+
+    class Counting(Callback):
+        def __init__(self) -> None:
+            self.sanity_checks = 0
+
+        def on_sanity_check_start(self, trainer, module) -> None:
+            self.sanity_checks += 1
+
+    counting = Counting()
+    trainer = Trainer(accelerator="cpu", default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, max_steps=1, limit_val_batches=1, callbacks=[counting])  # fmt: skip
+    model = BoringModel()
+    trainer.fit(model, DataLoader(RandomDataset(32, 64)), DataLoader(RandomDataset(32, 64)))
+    second_val = DataLoader(RandomDataset(32, 64))
+    trainer.fit_loop.epoch_loop.max_steps += 1
+    trainer.fit(model, DataLoader(RandomDataset(32, 64)), second_val)  # as in Lightning: a new fit checks again
+    assert counting.sanity_checks == 2 and trainer.global_step == 2
+    assert trainer.val_dataloaders.dataset is second_val.dataset
+    resumed = Trainer(accelerator="cpu", default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, max_steps=3, limit_val_batches=1, callbacks=[Counting()])  # fmt: skip
+    resumed.fit(BoringModel(), ckpt_path=trainer.checkpoint_callback.best_model_path)  # a resumed fit does not
+    assert resumed.callbacks[0].sanity_checks == 0 and resumed.global_step == 3

@@ -353,3 +353,75 @@ def test_resuming_from_a_checkpoint_saved_before_a_plateau_step_steps_it_and_end
     assert whole_trainer.optimizers[0].param_groups[0]["lr"] < 0.1 / 2**3
     for a, b in zip(whole.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
+
+
+class TaggedSGD(torch.optim.SGD):
+    """An optimizer whose ``step`` takes an extra argument, as some third-party optimizers' do."""
+
+    def __init__(self, params, **kwargs) -> None:
+        super().__init__(params, **kwargs)
+        self.received: list[tuple[bool, dict]] = []
+
+    def step(self, closure=None, **kwargs):
+        self.received.append((closure is not None, kwargs))
+        return super().step(closure)
+
+
+def test_optimizer_step_arguments_reach_the_optimizer_in_manual_and_automatic_optimisation():
+    class Manual(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+
+            def closure():
+                loss = self.step(batch)
+                opt.zero_grad()
+                self.manual_backward(loss)
+                return loss
+
+            opt.step(closure=closure, tag="manual")
+
+        def configure_optimizers(self):
+            return TaggedSGD(self.parameters(), lr=0.1)
+
+    class Automatic(Manual):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = True
+
+        def training_step(self, batch, batch_idx):
+            return self.step(batch)
+
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+            optimizer.step(closure=optimizer_closure, tag="automatic")
+
+    manual, automatic = Manual(), Automatic()
+    quiet_trainer(max_steps=2, limit_val_batches=0).fit(manual)
+    assert manual.optimizers().optimizer.received == [(True, {"tag": "manual"})] * 2  # the closure too
+    quiet_trainer(max_steps=2, limit_val_batches=0).fit(automatic)  # (the closure ran before the step here)
+    assert [kwargs for _, kwargs in automatic.optimizers().optimizer.received] == [{"tag": "automatic"}] * 2
+
+
+def test_manual_zero_grad_does_not_call_on_before_zero_grad():
+    class Manual(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.before_zero_grad = 0
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(self.step(batch))
+            opt.step()
+            assert self.layer.weight.grad is not None
+
+        def on_before_zero_grad(self, optimizer):
+            self.before_zero_grad += 1
+
+    model = Manual()
+    quiet_trainer(max_steps=3, limit_val_batches=0).fit(model)
+    assert model.before_zero_grad == 0 and model.trainer.global_step == 3

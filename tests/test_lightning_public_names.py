@@ -147,7 +147,8 @@ LIGHTNING_PUBLIC_NAMES = (
         "rank_zero_warn", "rank_zero_deprecation", "measure_flops", "disable_possible_user_warnings",
         "find_shared_parameters", "set_shared_parameters", "GradClipAlgorithmType", "LightningEnum", "is_picklable",
         "is_shared_filesystem", "suggested_max_num_workers")),
-    "utilities.exceptions.MisconfigurationException", "utilities.types.STEP_OUTPUT",
+    "utilities.exceptions.MisconfigurationException", "utilities.warnings.PossibleUserWarning",
+    "utilities.data.has_len_all_ranks", "utilities.types.STEP_OUTPUT",
     "utilities.types.OptimizerLRScheduler", "utilities.types.TRAIN_DATALOADERS", "utilities.types.EVAL_DATALOADERS",
     "utilities.types.LRSchedulerTypeUnion", "utilities.types.LRSchedulerConfig",
     *(f"demos.boring_classes.{name}" for name in (

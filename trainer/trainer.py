@@ -11,6 +11,7 @@ import math
 import os
 import signal
 import sys
+from datetime import timedelta
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
@@ -24,7 +25,7 @@ from trainer.strategies.connector import build_strategy
 from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
 from trainer.strategies.speed.compile import check_compile
 from trainer.strategies.errors import AutomaticOptimizationError, ConfigurationError
-from trainer.strategies.rank import rank_zero_warn
+from trainer.strategies.rank import PossibleUserWarning, rank_zero_warn
 from trainer.strategies.strategy import Strategy
 from trainer.data import loaders as data_utils
 from trainer.checkpoint import auto_resume
@@ -47,6 +48,7 @@ from trainer.metrics.connector import MetricsConnector, print_eval_results
 from trainer.loops.evaluation_loop import EvaluationLoop, PredictionLoop
 from trainer.loops import fit_outcome
 from trainer.loops.fit_loop import FitLoop
+from trainer.loops.progress_views import EvalCounts, EvaluationLoopView
 from trainer.loops.optimization import AutomaticOptimization, AutomaticOptimizer, ManualOptimization, ManualOptimizer
 from trainer.loops.training_epoch_loop import TrainingEpochLoop
 from trainer.module.train_module import TrainModule, configure_model_once
@@ -100,7 +102,7 @@ class Trainer:
         limit_test_batches: Optional[Union[int, float]] = None,
         limit_predict_batches: Optional[Union[int, float]] = None,
         overfit_batches: Union[int, float] = 0.0,
-        val_check_interval: Optional[Union[int, float]] = None,
+        val_check_interval: Union[int, float, str, timedelta, dict[str, int], None] = None,
         check_val_every_n_epoch: Optional[int] = 1,
         num_sanity_val_steps: int = 2,
         accumulate_grad_batches: int = 1,
@@ -182,6 +184,12 @@ class Trainer:
         self.sanity_checking = False
         self.state_stage: Optional[str] = None
         self.fit_loop = FitLoop(self)
+        #: Lightning's loop objects of validate/test/predict, as far as users read them (``batch_progress``).
+        self.validate_loop = EvaluationLoopView(EvalCounts())
+        self.test_loop = EvaluationLoopView(EvalCounts())
+        self.predict_loop = EvaluationLoopView(EvalCounts())
+        #: When the last evaluation ended (``time.monotonic()``), read only with a time-based ``val_check_interval``.
+        self._last_val_time = 0.0
         self._checkpoint = CheckpointConnector(self)
         self._faults = FaultMonitor(self, stop_signals, on_nonfinite_loss)
         slurm_requeue.connect(self)
@@ -351,7 +359,7 @@ class Trainer:
             if self.enable_autolog_hparams:
                 self._metrics.log_hyperparams(model, self.datamodule)
             with self._faults.watch():  # stop signals, non-finite losses
-                self._run_sanity_check()
+                self._run_sanity_check(restoring)
                 self._load_train_data_once()  # after the sanity check, as Lightning requests it
                 epoch_loop = TrainingEpochLoop(self, self._optimization)
                 self._results = self._metrics.train
@@ -393,7 +401,7 @@ class Trainer:
             self._eval_data[stage] = (loaders, limits, self._eval_given)
             self._set_eval_sampler_epochs(loaders)
             results = self._metrics.new_collection(stage)
-            outputs = EvaluationLoop(self, stage).run(loaders, limits, results)
+            outputs = EvaluationLoop(self, stage, self._stage_loop(stage).counts).run(loaders, limits, results)
             if verbose and self.is_global_zero:
                 print_eval_results(stage, outputs)
             self._metrics.finalize("success")
@@ -413,7 +421,7 @@ class Trainer:
             limits = [data_utils.limited_batches(dl, self.limit_predict_batches, "limit_predict_batches") for dl in loaders]
             self._eval_data["predict"] = (loaders, limits, self._eval_given)
             self._set_eval_sampler_epochs(loaders)
-            return PredictionLoop(self).run(loaders, limits, return_predictions)
+            return PredictionLoop(self, self.predict_loop.counts).run(loaders, limits, return_predictions)
 
     @contextlib.contextmanager
     def _stage(self, stage: str, model: TrainModule, datamodule: Optional[DataModule]):
@@ -539,7 +547,8 @@ class Trainer:
         if self.loggers and not self.fast_dev_run and self.num_training_batches < self.log_every_n_steps:
             rank_zero_warn(f"The number of training batches ({self.num_training_batches}) is smaller than the logging "
                            f"interval Trainer(log_every_n_steps={self.log_every_n_steps}): training values reach the "
-                           "loggers less than once per epoch. Lower log_every_n_steps to see them every epoch.")  # fmt: skip
+                           "loggers less than once per epoch. Lower log_every_n_steps to see them every epoch.",
+                           category=PossibleUserWarning)  # fmt: skip
 
     def _load_val_data(self) -> None:
         """Request fit's validation loaders where Lightning does: the first time validation runs, then again when
@@ -677,9 +686,10 @@ class Trainer:
             self.num_training_batches = balance_training_batches(self.strategy.reduce, self.num_training_batches)
         self._train_batches_agreed = True
 
-    def _run_sanity_check(self) -> None:
+    def _run_sanity_check(self, restoring: bool) -> None:
+        """As in Lightning: before every fit but one resumed from a checkpoint (a second ``fit()`` runs it too)."""
         steps = self.num_sanity_val_steps
-        if not self._val_enabled or steps == 0 or self.fit_loop.progress.global_step > 0:
+        if not self._val_enabled or steps == 0 or restoring:
             return
         self.sanity_checking = True
         try:
@@ -690,12 +700,14 @@ class Trainer:
                 limits = [limit if steps == -1 else min(steps, limit) for limit in self._val_batch_limits]
                 if any(limit > 0 for limit in limits):
                     self._set_eval_sampler_epochs(self._val_dataloaders)
-                    EvaluationLoop(self, "validate").run(self._val_dataloaders, limits, self._metrics.val, False)
+                    EvaluationLoop(self, "validate", self.fit_loop.val_loop.counts).run(
+                        self._val_dataloaders, limits, self._metrics.val, False)
                 for hook in self._hooks.callback_hooks["on_sanity_check_end"]:
                     hook(self, self.module)
         finally:
             self.sanity_checking = False
             self._metrics.val.reset()
+            self.fit_loop.val_loop.counts.reset()  # as in Lightning, the sanity check's batches are not counted
 
     def _run_validation_in_fit(self) -> None:
         progress = self.fit_loop.progress
@@ -714,9 +726,12 @@ class Trainer:
                     if c.interval == "step" and c.reduce_on_plateau and c.monitor in metrics
                 }  # fmt: skip
 
-        EvaluationLoop(self, "validate").run(self._val_dataloaders, self._val_batch_limits, self._metrics.val,
-                                             True, mark_done)  # fmt: skip
+        EvaluationLoop(self, "validate", self.fit_loop.val_loop.counts).run(
+            self._val_dataloaders, self._val_batch_limits, self._metrics.val, True, mark_done)
         progress.val_pending = False
+
+    def _stage_loop(self, stage: str) -> EvaluationLoopView:
+        return self.validate_loop if stage == "validate" else self.test_loop
 
     def _can_stop(self, epochs_done: int) -> bool:
         """A stop request is honoured once ``min_epochs`` epochs and ``min_steps`` steps are done."""

@@ -241,9 +241,14 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._engine.backward(loss, *args, **kwargs)
 
     def optimizer_step(
-        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None
+        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None,
+        **kwargs: Any,
     ) -> bool:
-        """Hooks, then DeepSpeed's step (unscale, clip, step, zero the gradients). False when fp16 skipped it."""
+        """Hooks, then DeepSpeed's step (unscale, clip, step, zero the gradients). False when fp16 skipped it.
+        DeepSpeed's engine takes no step arguments: ``kwargs`` are refused."""
+        if kwargs:
+            raise ConfigurationError(f"strategy='deepspeed' steps its own engine: optimizer.step() takes no extra "
+                                     f"arguments there (got {sorted(kwargs)}).")  # fmt: skip
         if closure is not None:
             raise ConfigurationError("strategy='deepspeed' does not support optimizer.step(closure); call the closure "
                                      "yourself, then optimizer.step().")  # fmt: skip

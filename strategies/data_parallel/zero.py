@@ -116,8 +116,8 @@ class Zero1Strategy(ShardedCheckpointIO, ZeroStrategy, DDPStrategy):
         self._sharded = [opt for opt in wrapped if isinstance(opt, ShardedOptimizer)]
         return super().setup_optimizers(wrapped)
 
-    def optimizer_step(self, optimizer: Optimizer, before_step: Any, closure: Any = None) -> bool:
-        stepped = super().optimizer_step(optimizer, before_step, closure)
+    def optimizer_step(self, optimizer: Optimizer, before_step: Any, closure: Any = None, **kwargs: Any) -> bool:
+        stepped = super().optimizer_step(optimizer, before_step, closure, **kwargs)
         user = self._users.get(id(optimizer))
         if user is not None:
             user._opt_called = True  # what LR schedulers check to warn about step order; ZeRO stepped for `user`

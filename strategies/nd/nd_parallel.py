@@ -275,10 +275,10 @@ class NDParallelStrategy(FSDPStrategy):
             return
         super().backward(loss, *args, **kwargs)
 
-    def optimizer_step(self, optimizer: Optimizer, before_step: Any, closure: Any = None) -> bool:
+    def optimizer_step(self, optimizer: Optimizer, before_step: Any, closure: Any = None, **kwargs: Any) -> bool:
         if self._pipeline is not None:
             self._pipeline.discard_unfinished()
-        return super().optimizer_step(optimizer, before_step, closure)
+        return super().optimizer_step(optimizer, before_step, closure, **kwargs)
 
     def clip_parameters(
         self, parameters: list[Tensor], clip_val: float, algorithm: str = "norm", norm_type: float = 2.0

@@ -115,14 +115,16 @@ class Precision:
         """Make the gradients of ``optimizer``'s parameters true gradients. Idempotent within a step."""
 
     def optimizer_step(
-        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None
+        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None,
+        **kwargs: Any,
     ) -> bool:
-        """Run the fixed step order (see module docstring). Returns False when the step was skipped."""
+        """Run the fixed step order (see module docstring). Returns False when the step was skipped. ``kwargs``
+        go to ``optimizer.step``."""
         if closure is None:
             if not self.plain_unscale:
                 self.unscale_gradients(optimizer)
             before_step()
-            optimizer.step()
+            optimizer.step(**kwargs)
             return True
 
         def wrapped_closure() -> Any:
@@ -131,7 +133,7 @@ class Precision:
             before_step()
             return result
 
-        optimizer.step(wrapped_closure)
+        optimizer.step(closure=wrapped_closure, **kwargs)
         return True
 
     def state_dict(self) -> dict[str, Any]:

@@ -80,11 +80,12 @@ class MixedPrecision(Precision):
             scaler.unscale_(optimizer)
 
     def optimizer_step(
-        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None
+        self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None,
+        **kwargs: Any,
     ) -> bool:
         scaler = self.scaler
         if scaler is None:
-            return super().optimizer_step(optimizer, before_step, closure)
+            return super().optimizer_step(optimizer, before_step, closure, **kwargs)
         if closure is not None:
             raise ConfigurationError(
                 "optimizer.step(closure) is not supported with precision='16-mixed': the gradient scaler must see "
@@ -93,7 +94,7 @@ class MixedPrecision(Precision):
         self.unscale_gradients(optimizer)
         before_step()
         skipped = _found_inf(scaler, optimizer)
-        scaler.step(optimizer)
+        scaler.step(optimizer, **kwargs)
         scaler.update()
         return not skipped
 

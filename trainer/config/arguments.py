@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,7 +16,7 @@ import torch
 from trainer.callbacks.callback import Callback
 from trainer.loggers.logger import Logger
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.rank import rank_zero_info, rank_zero_warn
+from trainer.strategies.rank import PossibleUserWarning, rank_zero_info, rank_zero_warn
 from trainer.strategies.checkpoint.storage import is_remote
 from trainer.data.loaders import validate_limit
 
@@ -63,16 +64,19 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     interval = args["val_check_interval"]
     if isinstance(interval, float) and interval > 1.0 and math.isfinite(interval) and interval.is_integer():
         interval = out["val_check_interval"] = int(interval)  # a whole float counts batches, as in Lightning
-    _require(interval is None or (isinstance(interval, float) and 0.0 < interval <= 1.0) or (_is_int(interval) and interval >= 1),
-             f"val_check_interval={interval!r} must be None, a float in (0.0, 1.0] (fraction of an epoch) "
-             f"or an int >= 1 (number of training batches); you have passed invalid value {interval!r}.")
+    seconds = out["_val_check_seconds"] = val_check_seconds(interval)
+    _require(interval is None or seconds is not None or (isinstance(interval, float) and 0.0 < interval <= 1.0)
+             or (_is_int(interval) and interval >= 1),
+             f"val_check_interval={interval!r} must be None, a float in (0.0, 1.0] (fraction of an epoch), an int >= 1 "
+             "(number of training batches) or a time-based duration (str 'DD:HH:MM:SS', datetime.timedelta, or dict "
+             f"kwargs for timedelta); you have passed invalid value {interval!r}.")
     every_n = args["check_val_every_n_epoch"]
     _require(every_n is None or (_is_int(every_n) and every_n >= 1),
              f"check_val_every_n_epoch={every_n!r} must be None or an int >= 1.")
-    _require(every_n is not None or interval is None or _is_int(interval),
-             f"val_check_interval={interval!r} is a fraction of an epoch, but check_val_every_n_epoch=None counts "
-             "batches across epochs: give val_check_interval as an int number of batches, or set "
-             "check_val_every_n_epoch.")
+    _require(every_n is not None or not isinstance(interval, float),
+             f"val_check_interval={interval!r}: `val_check_interval` should be an integer or a time-based duration "
+             "(str 'DD:HH:MM:SS', datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`."
+             " A fraction of an epoch does not apply there: check_val_every_n_epoch=None counts batches across epochs.")
     sanity = args["num_sanity_val_steps"]
     _require(_is_int(sanity) and sanity >= -1, f"num_sanity_val_steps={sanity!r} must be -1 (all), 0 (off) or an int > 0.")
     log_every = args["log_every_n_steps"]
@@ -96,7 +100,8 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
         batches = 1 if fast is True else int(fast)
         out.update(limit_train_batches=batches, limit_val_batches=batches, limit_test_batches=batches,
                    limit_predict_batches=batches, max_epochs=1, max_steps=batches, num_sanity_val_steps=0,
-                   val_check_interval=None, check_val_every_n_epoch=1, log_every_n_steps=1)
+                   val_check_interval=None, _val_check_seconds=None, check_val_every_n_epoch=1,
+                   log_every_n_steps=1)
     out["fast_dev_run"] = True if fast == 1 else fast  # Lightning's value: fast_dev_run=1 reads back as True
     if overfit:  # the same first batches every epoch, for training and validation (shuffling is turned off)
         out.update(limit_train_batches=overfit, limit_val_batches=overfit)
@@ -115,6 +120,22 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def val_check_seconds(interval: Any) -> Optional[float]:
+    """Seconds of a time-based ``val_check_interval`` (``"DD:HH:MM:SS"``, a ``timedelta`` or a dict of its keyword
+    arguments), as Lightning 2.6 accepts; ``None`` for a batch count or fraction (or ``None``)."""
+    if not isinstance(interval, (str, dict, timedelta)):
+        return None
+    from trainer.callbacks.timer import parse_duration
+
+    try:
+        return parse_duration(interval)
+    except ConfigurationError as err:
+        raise ConfigurationError(
+            f"val_check_interval={interval!r} is not a valid time-based duration: use a str 'DD:HH:MM:SS', a "
+            f"datetime.timedelta or a dict of timedelta's keyword arguments (e.g. {{'minutes': 30}}). ({err})"
+        ) from None
+
+
 def resolve_max_epochs(max_epochs: Optional[int], max_steps: int, has_timer: bool) -> int:
     """``max_epochs=None`` at fit start, as Lightning resolves it: -1 (no epoch limit) when ``max_steps`` or a time
     limit ends the run, else 1000 with a warning (a run without any limit is rarely meant)."""
@@ -123,7 +144,7 @@ def resolve_max_epochs(max_epochs: Optional[int], max_steps: int, has_timer: boo
     if max_steps != -1 or has_timer:
         return -1
     rank_zero_warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
-                   "`max_epochs=-1`.")
+                   "`max_epochs=-1`.", category=PossibleUserWarning)
     return 1000
 
 

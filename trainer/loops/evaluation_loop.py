@@ -1,6 +1,7 @@
 """Validation and test epochs (hook order in :mod:`trainer.loops.fit_loop`), and prediction."""
 from __future__ import annotations
 
+import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -9,6 +10,7 @@ import torch
 from trainer.data.batch_transfer import batch_mover
 from trainer.data.combined_loader import DataLoaderIter, training_batches
 from trainer.metrics.logged_metrics import ResultCollection
+from trainer.loops.progress_views import EvalCounts
 from trainer.loops.step_signature import step_arity, takes_dataloader_iter
 from trainer.module.overrides import overrides
 from trainer.module.train_mode import ModuleModes
@@ -34,9 +36,10 @@ def evaluation_grad_mode(trainer: "LoopHost") -> Any:
 class EvaluationLoop:
     """Runs ``validation_step`` or ``test_step`` over one or more dataloaders and reduces the epoch metrics."""
 
-    def __init__(self, trainer: "LoopHost", stage: str) -> None:
+    def __init__(self, trainer: "LoopHost", stage: str, counts: Optional[EvalCounts] = None) -> None:
         self.trainer = trainer
         self.stage = stage  # "validate" or "test"
+        self.counts = counts if counts is not None else EvalCounts()  # what ``batch_progress`` views read
         self.prefix = "validation" if stage == "validate" else "test"
         self.step_name = f"{self.prefix}_step"
 
@@ -61,6 +64,8 @@ class EvaluationLoop:
         batch_end = trainer._hooks.caller(trainer, f"on_{prefix}_batch_end")
         modes = ModuleModes()
         modes.capture(module._running_model())  # each submodule's own mode and the wrapper's, put back after
+        counts = self.counts
+        counts.start_run()
         previous_results = trainer._results
         trainer._results = results
         results.reset()
@@ -99,7 +104,10 @@ class EvaluationLoop:
                         if log_to_loggers and results.has_step_values:
                             trainer._metrics.log_eval_step(results, results.dataloader_idx)
                         batch_idx += 1
+                        counts.current += 1
+                        counts.total += 1
                 results.dataloader_idx = None
+                counts.is_last_batch = True
                 results.epoch_level = True
                 results.epoch_done = True
                 call_hook(f"on_{prefix}_epoch_end")
@@ -107,6 +115,8 @@ class EvaluationLoop:
                 if before_end is not None:
                     before_end()
                 call_hook(f"on_{prefix}_end")
+                if trainer._val_check_seconds is not None:  # a time-based val_check_interval counts from here
+                    trainer._last_val_time = time.monotonic()
         finally:
             train_hook = f"on_{prefix}_model_train"
             if overrides(module, TrainModule, train_hook):  # as in Lightning: the module's own hook decides
@@ -120,8 +130,9 @@ class EvaluationLoop:
 class PredictionLoop:
     """Runs ``predict_step`` over one or more dataloaders and returns the outputs."""
 
-    def __init__(self, trainer: "LoopHost") -> None:
+    def __init__(self, trainer: "LoopHost", counts: Optional[EvalCounts] = None) -> None:
         self.trainer = trainer
+        self.counts = counts if counts is not None else EvalCounts()  # what ``batch_progress`` views read
 
     def run(self, loaders: list[Any], batch_limits: list[float], return_predictions: bool = True) -> Any:
         """One list of outputs per dataloader (a flat list when there is one dataloader)."""
@@ -147,6 +158,8 @@ class PredictionLoop:
         iterator_style = takes_dataloader_iter(module.predict_step)
         all_outputs: list[list[Any]] = []
         warned_none = False
+        counts = self.counts
+        counts.start_run()
         with evaluation_grad_mode(trainer):
             call_hook("on_predict_start")
             call_hook("on_predict_epoch_start")
@@ -184,7 +197,10 @@ class PredictionLoop:
                     if return_predictions:
                         outputs.append(prediction)
                     batch_idx += 1
+                    counts.current += 1
+                    counts.total += 1
                 all_outputs.append(outputs)
+            counts.is_last_batch = True
             call_hook("on_predict_epoch_end")
             call_hook("on_predict_end")
         return all_outputs

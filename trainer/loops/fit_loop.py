@@ -78,9 +78,11 @@ every hook but ``on_train_epoch_end`` (see above).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, Optional
 
 from trainer.loops.progress import Progress
+from trainer.loops.progress_views import EvalCounts, EvaluationLoopView
 from trainer.strategies.rank import rank_zero_info
 from trainer.loops.optimizers import step_schedulers
 
@@ -96,6 +98,55 @@ class FitLoop:
         self.progress = Progress()
         self._told_min_not_met = False
         self.epoch_loop: Any = None  # the TrainingEpochLoop of the running (or last) fit
+        #: Validation inside fit as Lightning users read it (``fit_loop.epoch_loop.val_loop.batch_progress``).
+        self.val_loop = EvaluationLoopView(EvalCounts())
+
+    # Lightning's FitLoop members that users read or set: views over the Trainer's settings and the Progress.
+    @property
+    def max_epochs(self) -> Optional[int]:
+        """``trainer.max_epochs`` (settable, e.g. to continue a finished fit for more epochs)."""
+        return self.trainer.max_epochs
+
+    @max_epochs.setter
+    def max_epochs(self, value: Optional[int]) -> None:
+        self.trainer.max_epochs = value
+
+    @property
+    def max_steps(self) -> int:
+        """``trainer.max_steps`` (settable, e.g. ``fit_loop.max_steps += 10`` before fitting again)."""
+        return self.trainer.max_steps
+
+    @max_steps.setter
+    def max_steps(self, value: int) -> None:
+        self.trainer.max_steps = value
+
+    @property
+    def min_epochs(self) -> Optional[int]:
+        """``trainer.min_epochs``."""
+        return self.trainer.min_epochs
+
+    @property
+    def min_steps(self) -> Optional[int]:
+        """``trainer.min_steps``."""
+        return self.trainer.min_steps
+
+    @property
+    def total_batch_idx(self) -> int:
+        """The running (or last finished) training batch's index, counted across epochs (Lightning's)."""
+        return self.progress.total_batches - 1 + int(self.epoch_loop is not None and self.epoch_loop.batch_running)
+
+    @property
+    def batch_idx(self) -> int:
+        """The running (or last finished) training batch's index in its epoch."""
+        return self.epoch_loop.batch_idx if self.epoch_loop is not None else -1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loop counters as a checkpoint's ``loops["fit"]`` holds them (our layout, not Lightning's)."""
+        return self.progress.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore counters saved by :meth:`state_dict`."""
+        self.progress.load_state_dict(state)
 
     @property
     def combined_loader(self) -> Any:
@@ -131,6 +182,8 @@ class FitLoop:
         self._told_min_not_met = False
         if trainer.limit_train_batches == 0:
             return
+        if trainer._val_check_seconds is not None:  # a time-based val_check_interval counts from here
+            trainer._last_val_time = time.monotonic()
         trainer._call_hook("on_train_start")
         trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
         reload_every = trainer.reload_dataloaders_every_n_epochs
@@ -141,9 +194,11 @@ class FitLoop:
             results = trainer._metrics.train
             if progress.batch_in_epoch == 0:
                 results.reset_epoch()
+                self.val_loop.counts.reset()  # as in Lightning, it counts the validation batches of this epoch
             results.epoch_level = True
             trainer._call_hook("on_train_epoch_start")
             results.epoch_level = False
+            epoch_loop.ended_epoch_batches = 0  # batch_progress.current counts this epoch's batches from here
             iterator = trainer._train_iterator(progress.epoch, progress.batch_in_epoch)
             reached_end = epoch_loop.run(iterator, num_batches)
             if (trainer.max_steps != -1 and progress.global_step >= trainer.max_steps
@@ -177,5 +232,6 @@ class FitLoop:
         trainer._metrics.log_train_epoch()
         results.epoch_done = False
         progress.epoch += 1
+        self.epoch_loop.ended_epoch_batches = progress.batch_in_epoch
         progress.batch_in_epoch = 0
         progress.epoch_finished = False

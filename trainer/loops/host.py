@@ -25,7 +25,9 @@ class LoopHost(Protocol):
     gradient_clip_val: Optional[float]
     gradient_clip_algorithm: str
     log_every_n_steps: int
-    val_check_interval: Optional[Union[int, float]]
+    val_check_interval: Any  # int, float, or a time-based duration (str, timedelta, dict)
+    _val_check_seconds: Optional[float]  # the time-based val_check_interval in seconds, else None
+    _last_val_time: float  # time.monotonic() when the last evaluation ended (time-based val_check_interval only)
     check_val_every_n_epoch: Optional[int]
     inference_mode: bool
     reload_dataloaders_every_n_epochs: int

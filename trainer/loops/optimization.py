@@ -326,7 +326,7 @@ class OptimizerWrapper:
 
     def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> Any:
         """The torch optimizer's ``step`` (the Trainer's wrappers step through the strategy instead)."""
-        return self.optimizer.step(closure, **kwargs) if closure is not None else self.optimizer.step(**kwargs)
+        return self.optimizer.step(closure=closure, **kwargs) if closure is not None else self.optimizer.step(**kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients."""
@@ -385,7 +385,7 @@ class AutomaticOptimizer(OptimizerWrapper):
             closure()
         automatic = self._automatic
         if automatic.window_has_loss:
-            self._stepped = automatic.strategy.optimizer_step(automatic.optimizer, automatic._before_step)
+            self._stepped = automatic.strategy.optimizer_step(automatic.optimizer, automatic._before_step, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients."""
@@ -471,16 +471,17 @@ class ManualOptimizer(OptimizerWrapper):
         return self._optimizer
 
     def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> None:
-        """Step through the strategy/precision plugin; ``closure`` is supported except under 16-mixed."""
+        """Step through the strategy/precision plugin; ``closure`` is supported except under 16-mixed; ``kwargs``
+        go to the torch optimizer's ``step``, as in Lightning."""
         trainer = self._trainer
         optimizer = self._optimizer
         stepped = trainer.strategy.optimizer_step(
-            optimizer, lambda: trainer._call_hook("on_before_optimizer_step", optimizer), closure
+            optimizer, lambda: trainer._call_hook("on_before_optimizer_step", optimizer), closure, **kwargs
         )
         self._counter.after_step(stepped)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients (after the ``on_before_zero_grad`` hook)."""
-        self._trainer._call_hook("on_before_zero_grad", self._optimizer)
+        """Clear gradients. As in Lightning, ``on_before_zero_grad`` is not called here: it belongs to automatic
+        optimisation, where the loop clears the gradients."""
         self._optimizer.zero_grad(set_to_none=set_to_none)
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.data.batch_transfer import batch_mover
 from trainer.data.combined_loader import DataLoaderIter
+from trainer.loops.progress_views import BatchProgress, Tracker
 from trainer.loops.step_signature import takes_dataloader_iter
 from trainer.loops.optimizers import step_schedulers
 from trainer.module.overrides import overrides
@@ -33,7 +35,55 @@ class TrainingEpochLoop:
         #: The last :meth:`run` validated because a stop was requested (so the epoch's end does not validate again).
         self.validated_on_stop = False
         self.is_last_batch = False  # the running batch is the epoch's last (``trainer.is_last_batch``)
+        #: A batch is between its fetch and its counters' update (what Lightning's ``ready`` counts already).
+        self.batch_running = False
         self._warned_none_batch = False
+        #: The batches of the epoch that ended last, until the next epoch's batches start (Lightning's ``current``
+        #: counts still read them in ``on_train_epoch_end``, the next ``on_train_epoch_start`` and after the fit).
+        self.ended_epoch_batches = 0
+        #: Lightning's ``batch_progress``: ``total`` across epochs, ``current`` in this epoch (read-only).
+        self.batch_progress = BatchProgress(Tracker(trainer.fit_loop.progress, "total_batches", self),
+                                            Tracker(self, "batches_in_epoch", self), self)  # fmt: skip
+
+    @property
+    def batches_in_epoch(self) -> int:
+        """Batches finished in the running epoch (or in the last one, between epochs)."""
+        return self.trainer.fit_loop.progress.batch_in_epoch or self.ended_epoch_batches
+
+    # Lightning's TrainingEpochLoop members that users read or set: views over the FitLoop's.
+    @property
+    def val_loop(self) -> Any:
+        """Validation inside fit (``val_loop.batch_progress``)."""
+        return self.trainer.fit_loop.val_loop
+
+    @property
+    def max_steps(self) -> int:
+        """``trainer.max_steps`` (settable, e.g. ``epoch_loop.max_steps += 1`` before fitting again)."""
+        return self.trainer.max_steps
+
+    @max_steps.setter
+    def max_steps(self, value: int) -> None:
+        self.trainer.max_steps = value
+
+    @property
+    def min_steps(self) -> Any:
+        """``trainer.min_steps``."""
+        return self.trainer.min_steps
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (``trainer.global_step``)."""
+        return self.trainer.fit_loop.progress.global_step
+
+    @property
+    def batch_idx(self) -> int:
+        """The running (or last finished) batch's index in this epoch."""
+        return self.batches_in_epoch - 1 + int(self.batch_running)
+
+    @property
+    def total_batch_idx(self) -> int:
+        """The running (or last finished) batch's index, counted across epochs."""
+        return self.trainer.fit_loop.total_batch_idx
 
     def val_check_batch(self, num_batches: float) -> int:
         """After how many micro-batches validation runs (0: never in this epoch)."""
@@ -43,6 +93,8 @@ class TrainingEpochLoop:
         every_n = trainer.check_val_every_n_epoch
         if every_n is not None and (trainer.fit_loop.progress.epoch + 1) % every_n:
             return 0
+        if trainer._val_check_seconds is not None:
+            return 0  # time-based: the clock decides (see run)
         interval = trainer.val_check_interval
         if interval is None or (isinstance(interval, float) and interval == 1.0):
             return 0 if math.isinf(num_batches) else max(int(num_batches), 1)
@@ -81,6 +133,9 @@ class TrainingEpochLoop:
         every_n = trainer.check_val_every_n_epoch
         # As in Lightning, a stop requested mid-epoch still runs this epoch's validation (when it has one) first.
         validates_on_stop = trainer._val_enabled and (every_n is None or (progress.epoch + 1) % every_n == 0)
+        # A time-based val_check_interval, in an epoch that validates: one clock read per batch (Lightning's rule:
+        # validate once that much wall time passed since the last evaluation ended, or since training started).
+        val_seconds = trainer._val_check_seconds if validates_on_stop else None
         # Epoch-interval schedulers other than ReduceLROnPlateau step at the epoch's last batch, before its
         # validation, as in Lightning (ReduceLROnPlateau at the epoch's end: FitLoop).
         epoch_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "epoch" and not c.reduce_on_plateau
@@ -110,6 +165,7 @@ class TrainingEpochLoop:
 
         for batch, is_last in batches:
             self.is_last_batch = is_last
+            self.batch_running = True
             # A None batch (a collate_fn that drops one) skips the step, as in Lightning: no on_train_batch_start,
             # on_train_batch_end gets None.
             skip = batch is None and not iterator_style
@@ -135,6 +191,7 @@ class TrainingEpochLoop:
             batch_idx += 1
             progress.batch_in_epoch = batch_idx
             progress.total_batches += 1
+            self.batch_running = False
             step = progress.global_step
             stepped = step != steps_before
             if stepped:
@@ -142,6 +199,8 @@ class TrainingEpochLoop:
             if val_every:
                 counter = progress.total_batches if across_epochs else batch_idx
                 progress.val_pending = counter % val_every == 0
+            elif val_seconds is not None:
+                progress.val_pending = time.monotonic() - trainer._last_val_time >= val_seconds
             if is_last:
                 reached_end = True
                 if epoch_schedulers:  # as in Lightning: before on_train_batch_end and the epoch's validation
@@ -165,6 +224,7 @@ class TrainingEpochLoop:
                 plateau.step_plateau()
             if step >= stop_step or (trainer.should_stop and trainer._can_stop(progress.epoch)):
                 break
+        self.batch_running = False  # also after an early ``break`` (on_train_batch_start returned -1)
         return reached_end
 
 

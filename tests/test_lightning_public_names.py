@@ -148,7 +148,7 @@ LIGHTNING_PUBLIC_NAMES = (
         "find_shared_parameters", "set_shared_parameters", "GradClipAlgorithmType", "LightningEnum", "is_picklable",
         "is_shared_filesystem", "suggested_max_num_workers")),
     "utilities.exceptions.MisconfigurationException", "utilities.warnings.PossibleUserWarning",
-    "utilities.data.has_len_all_ranks", "utilities.types.STEP_OUTPUT",
+    "utilities.data.has_len_all_ranks", "utilities.data.has_iterable_dataset", "utilities.types.STEP_OUTPUT",
     "utilities.types.OptimizerLRScheduler", "utilities.types.TRAIN_DATALOADERS", "utilities.types.EVAL_DATALOADERS",
     "utilities.types.LRSchedulerTypeUnion", "utilities.types.LRSchedulerConfig",
     *(f"demos.boring_classes.{name}" for name in (

@@ -161,7 +161,7 @@ def test_has_len_all_ranks_on_sized_and_unsized_loaders():
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
-    from trainer.utilities.data import has_len_all_ranks
+    from trainer.utilities.data import has_iterable_dataset, has_len_all_ranks
 
     class Stream(IterableDataset):
         def __iter__(self):
@@ -174,6 +174,7 @@ def test_has_len_all_ranks_on_sized_and_unsized_loaders():
     strategy = Trainer(accelerator="cpu", logger=False).strategy
     assert has_len_all_ranks(DataLoader(torch.zeros(8, 2), batch_size=2), strategy)
     assert not has_len_all_ranks(DataLoader(Stream()), strategy)
+    assert has_iterable_dataset(DataLoader(Stream())) and not has_iterable_dataset(DataLoader(torch.zeros(2, 2)))
     with pytest.warns(UserWarning, match="Your `IterableDataset` has `__len__` defined"):
         assert has_len_all_ranks(DataLoader(StreamWithLen()), strategy)
     with pytest.warns(UserWarning, match="Total length of `DataLoader` across ranks is zero"):

@@ -17,7 +17,7 @@ class AttributeDict(dict):
         try:
             return self[key]
         except KeyError:
-            raise AttributeError(f"No hyperparameter named {key!r}; recorded: {sorted(self)}") from None
+            raise AttributeError(f"No hyperparameter named {key!r}; recorded: {sorted(self, key=str)}") from None
 
     def __setattr__(self, key: str, value: Any) -> None:
         self[key] = value

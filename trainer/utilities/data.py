@@ -11,6 +11,11 @@ from trainer.data.loaders import loader_length
 from trainer.strategies.rank import rank_zero_warn
 
 
+def has_iterable_dataset(dataloader: Any) -> bool:
+    """Whether ``dataloader`` reads an ``IterableDataset`` (Lightning's helper of this name)."""
+    return isinstance(getattr(dataloader, "dataset", None), IterableDataset)
+
+
 def has_len_all_ranks(dataloader: Any, strategy: Any, allow_zero_length_dataloader_with_multiple_devices: bool = False
                       ) -> bool:  # fmt: skip
     """Whether ``dataloader`` has a length (``len()``) on every rank, as Lightning's helper of this name answers.
@@ -32,11 +37,11 @@ def has_len_all_ranks(dataloader: Any, strategy: Any, allow_zero_length_dataload
                                "least 1 batch.")  # fmt: skip
         rank_zero_warn(f"Total length of `{name}` across ranks is not zero, but local rank has zero length. Please "
                        "be cautious of uneven batch length.")  # fmt: skip
-    if isinstance(getattr(dataloader, "dataset", None), IterableDataset):
+    if has_iterable_dataset(dataloader):
         rank_zero_warn("Your `IterableDataset` has `__len__` defined. In combination with multi-process data loading "
                        "(when num_workers > 1), `__len__` could be inaccurate if each worker is not configured "
                        "independently to avoid having duplicate data.")  # fmt: skip
     return True
 
 
-__all__ = ["has_len_all_ranks"]
+__all__ = ["has_iterable_dataset", "has_len_all_ranks"]

@@ -248,13 +248,14 @@ class ResultCollection:
         # compares one tuple and updates.
         call = (on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist, self.epoch_level)
         dataloader_idx = self.dataloader_idx
-        if add_dataloader_idx and isinstance(name, str) and "/dataloader_idx_" in name:
-            raise ConfigurationError(f"You called `self.log` with the key `{name}` but it should not contain "
-                                     "information about `dataloader_idx` when `add_dataloader_idx=True`: the suffix "
-                                     "is added for you with several dataloaders.")  # fmt: skip
         key = name if dataloader_idx is None or not add_dataloader_idx else f"{name}/dataloader_idx_{dataloader_idx}"
         entry = self.values.get(key)
         if entry is None or entry.call != call or entry.dataloader_idx != dataloader_idx:
+            # Checked when a key's entry is made, not on every call (a refused name never gets one).
+            if add_dataloader_idx and isinstance(name, str) and "/dataloader_idx_" in name:
+                raise ConfigurationError(f"You called `self.log` with the key `{name}` but it should not contain "
+                                         "information about `dataloader_idx` when `add_dataloader_idx=True`: the "
+                                         "suffix is added for you with several dataloaders.")  # fmt: skip
             entry = self._new_entry(name, key, value, call, dataloader_idx, entry)
         entry.update(value, batch_size, self)
 

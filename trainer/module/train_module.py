@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from trainer.strategies.errors import ConfigurationError
 from trainer.module.hparams import AttributeDict, hyperparameters_of_call
 from trainer.module.train_mode import ModuleModes
+from trainer.module.overrides import overrides
 
 
 
@@ -338,6 +339,18 @@ class TrainModule(nn.Module):
     def on_before_backward(self, loss: Tensor) -> None:
         """Called before ``backward`` with the (accumulation-scaled) loss."""
 
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """The backward of the loss ``training_step`` returned (automatic optimisation) or ``manual_backward`` was
+        given; override for a backward of your own. ``loss`` is divided by ``accumulate_grad_batches`` and scaled
+        where the precision scales (16-mixed); ``args``/``kwargs`` are ``manual_backward``'s. Called between
+        ``on_before_backward`` and ``on_after_backward``, only when overridden (else the strategy runs it); with
+        ``strategy="deepspeed"`` the engine runs the backward and the override is not called::
+
+            def backward(self, loss):
+                loss.backward(retain_graph=True)
+        """
+        loss.backward(*args, **kwargs)
+
     def on_after_backward(self) -> None:
         """Called after ``backward``; gradients may still be scaled under 16-mixed."""
 
@@ -497,7 +510,10 @@ class TrainModule(nn.Module):
                 "manual_backward is for manual optimisation: set self.automatic_optimization = False in __init__."
             )
         trainer._call_hook("on_before_backward", loss)
-        trainer.strategy.backward(loss, *args, **kwargs)
+        if overrides(self, TrainModule, "backward"):
+            trainer.strategy.backward_through(self.backward, loss, *args, **kwargs)
+        else:
+            trainer.strategy.backward(loss, *args, **kwargs)
         trainer._call_hook("on_after_backward")
 
     @_outside_dynamo  # it flips requires_grad, which Dynamo cannot trace (a compiled step graph-breaks here)

@@ -54,9 +54,10 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     clip, algorithm = args["gradient_clip_val"], args["gradient_clip_algorithm"]
     _require(clip is None or (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip >= 0),
              f"gradient_clip_val={clip!r} must be None or a number >= 0.")
-    _require(isinstance(algorithm, str) and algorithm.lower() in ("norm", "value"),
-             f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
-    out["gradient_clip_algorithm"] = algorithm.lower()
+    _require(algorithm is None or (isinstance(algorithm, str) and algorithm.lower() in ("norm", "value")),
+             f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value' (None: 'norm').")
+    # None (not set) stays None, as in Lightning: clip_gradients(algorithm=...) may then choose freely.
+    out["gradient_clip_algorithm"] = algorithm.lower() if algorithm is not None else None
     out["gradient_clip_val"] = float(clip) if clip else None
 
     for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):

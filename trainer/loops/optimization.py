@@ -130,7 +130,7 @@ class AutomaticOptimization:
         self.progress = trainer.fit_loop.progress
         module = trainer.module
         self.clip_val = trainer.gradient_clip_val
-        self.clip_algorithm = trainer.gradient_clip_algorithm
+        self.clip_algorithm = trainer.gradient_clip_algorithm  # None when not set: what configure_gradient_clipping gets
         self.custom_clipping = overrides(module, TrainModule, "configure_gradient_clipping")
         self.pass_batch_idx = takes_batch_idx(module.training_step)  # training_step(batch) is allowed, as in Lightning
         # Several ranks, and a training_step that can return None: the ranks agree on a skip (skip_agreement).
@@ -286,7 +286,7 @@ class AutomaticOptimization:
                 optimizer, gradient_clip_val=self.clip_val, gradient_clip_algorithm=self.clip_algorithm
             )
         elif self.clip_val:
-            self.strategy.clip_gradients(optimizer, self.clip_val, self.clip_algorithm)
+            self.strategy.clip_gradients(optimizer, self.clip_val, self.clip_algorithm or "norm")
 
 
 _NOT_RUN = object()

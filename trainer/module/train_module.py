@@ -196,7 +196,7 @@ class TrainModule(nn.Module):
         self, optimizer: Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None
     ) -> None:
         """Clip gradients before the step; by default applies the Trainer's ``gradient_clip_val``."""
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
 
     # ------------------------------------------------------------------ data hooks (optional)
     def prepare_data(self) -> None:
@@ -544,24 +544,28 @@ class TrainModule(nn.Module):
         self, optimizer: Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None
     ) -> None:
         """Clip gradients of ``optimizer``'s parameters by norm (default) or value; unscales first under 16-mixed.
-        Arguments that contradict the Trainer's ``gradient_clip_val``/``gradient_clip_algorithm`` are refused."""
+        An argument not given is the Trainer's (``gradient_clip_val``/``gradient_clip_algorithm``); one that
+        contradicts a value set on the Trainer is refused."""
         trainer = self.trainer
         configured_val = getattr(trainer, "gradient_clip_val", None)
-        if configured_val is not None and gradient_clip_val is not None and float(gradient_clip_val) != configured_val:
+        if gradient_clip_val is None:
+            gradient_clip_val = configured_val
+        elif configured_val is not None and float(gradient_clip_val) != configured_val:
             raise ConfigurationError(
                 f"clip_gradients(gradient_clip_val={gradient_clip_val}) contradicts Trainer(gradient_clip_val="
                 f"{configured_val}). Set the value in one place: drop one of them."
             )
-        configured_algorithm = getattr(trainer, "gradient_clip_algorithm", "norm")
-        if (configured_val is not None and gradient_clip_algorithm is not None
-                and gradient_clip_algorithm != configured_algorithm):  # fmt: skip
+        configured_algorithm = getattr(trainer, "gradient_clip_algorithm", None)
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = configured_algorithm
+        elif configured_algorithm is not None and gradient_clip_algorithm.lower() != configured_algorithm:
             raise ConfigurationError(
                 f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) contradicts Trainer("
                 f"gradient_clip_algorithm={configured_algorithm!r}). Set it in one place: drop one of them."
             )
         if gradient_clip_val is None or gradient_clip_val == 0:
             return
-        algorithm = gradient_clip_algorithm or "norm"
+        algorithm = (gradient_clip_algorithm or "norm").lower()
         if algorithm not in ("norm", "value"):
             raise ConfigurationError(f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
         for wrapped in self.trainer._wrapped_optimizers:

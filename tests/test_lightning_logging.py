@@ -220,3 +220,25 @@ def test_on_train_start_refuses_step_values_as_lightning_does():
 
     with pytest.raises(ConfigurationError, match="on_step=True"):
         trainer_with(KeywordLogger(), max_epochs=1, limit_train_batches=1).fit(StepAtStart(), data())
+
+
+def test_explicit_logger_true_without_a_logger_warns_and_the_default_does_not():
+    import inspect
+    import warnings
+
+    assert inspect.signature(TrainModule.log).parameters["logger"].default is None  # Lightning's signature
+
+    class Explicit(LitModel):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("explicit", loss, logger=True)
+            return loss
+
+    options = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, max_epochs=1, limit_train_batches=2)  # fmt: skip
+    with pytest.warns(UserWarning, match=r"self.log\('explicit', ..., logger=True\)` but have no logger") as seen:
+        Trainer(**options).fit(Explicit(), data())
+    assert sum("no logger configured" in str(w.message) for w in seen) == 1  # once, not per call
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no logger configured")
+        Trainer(**options).fit(LitModel(), data())  # self.log("train_loss", loss): logger left at its default

@@ -427,7 +427,7 @@ class TrainModule(nn.Module):
         name: str,
         value: Any,
         prog_bar: bool = False,
-        logger: bool = True,
+        logger: Optional[bool] = None,
         on_step: Optional[bool] = None,
         on_epoch: Optional[bool] = None,
         reduce_fx: Union[str, Callable] = "mean",
@@ -444,8 +444,9 @@ class TrainModule(nn.Module):
 
         Defaults: in training ``on_step=True, on_epoch=False``; in validation/test and in epoch-level hooks
         ``on_step=False, on_epoch=True``. Epoch values are means weighted by batch size (or ``reduce_fx``).
-        Tensors are detached (no graph is kept) and read on the host only at logging intervals.
-        ``enable_graph``, ``sync_dist_group``, ``metric_attribute`` and ``rank_zero_only`` are Lightning's and
+        Tensors are detached (no graph is kept) and read on the host only at logging intervals. ``logger=None``
+        (the default) sends the value to the loggers; an explicit ``logger=True`` with no logger attached warns, as
+        in Lightning. ``enable_graph``, ``sync_dist_group``, ``metric_attribute`` and ``rank_zero_only`` are Lightning's and
         accepted so its calls run: values are always detached, ``sync_dist`` reduces over all ranks, and loggers write
         from global rank 0.
         """
@@ -455,13 +456,19 @@ class TrainModule(nn.Module):
                 self.__dict__["_log_warned"] = True  # once per module, not per call
                 _warn_not_attached(name, self._trainer)
             return
+        if logger is None:
+            logger = True
+        elif logger and name not in self.__dict__.get("_told_no_logger", ()) and self._trainer.logger is None:
+            self.__dict__.setdefault("_told_no_logger", set()).add(name)  # once per name, not per call
+            warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. Attach "
+                          "one with `Trainer(logger=...)`, or drop logger=True.", UserWarning, stacklevel=2)
         results.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, add_dataloader_idx)
 
     def log_dict(
         self,
         dictionary: Mapping[str, Any],
         prog_bar: bool = False,
-        logger: bool = True,
+        logger: Optional[bool] = None,
         on_step: Optional[bool] = None,
         on_epoch: Optional[bool] = None,
         reduce_fx: Union[str, Callable] = "mean",

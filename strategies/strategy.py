@@ -225,6 +225,12 @@ class Strategy:
         else:
             self.precision.backward(loss, *args, **kwargs)
 
+    def backward_through(self, backward: Callable[..., Any], loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward done by ``backward`` (a module's own ``backward(loss, *args, **kwargs)`` hook) instead of
+        ``loss.backward``: it gets the loss as :meth:`backward` would propagate it (scaled by the precision plugin
+        where it scales) and the extra arguments."""
+        backward(self.precision.scale_loss(loss), *args, **kwargs)
+
     def backward_sync(self, should_sync: bool, model: Optional[nn.Module] = None) -> ContextManager:
         """Context for one micro-batch: distributed strategies skip the gradient all-reduce when False.
 

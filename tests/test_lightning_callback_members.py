@@ -113,6 +113,47 @@ def test_simple_profiler_records_every_call_duration(tmp_path):
     assert all(d >= 0 for durations in profiler.recorded_durations.values() for d in durations)
 
 
+class ShardedData(DataModule):
+    """A DataModule with every hook Lightning's profiler times: prepare_data, setup, state_dict, teardown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epochs_seen = 0
+
+    def prepare_data(self):
+        pass
+
+    def setup(self, stage):
+        self.loader = data()
+
+    def train_dataloader(self):
+        return self.loader
+
+    def state_dict(self):
+        return {"epochs_seen": self.epochs_seen}
+
+    def load_state_dict(self, state):
+        self.epochs_seen = state["epochs_seen"]
+
+
+def test_the_simple_profiler_times_the_datamodule_hooks_under_lightnings_names(tmp_path):
+    from trainer.profiler.simple import SimpleProfiler as FromLightningsPath
+
+    assert FromLightningsPath is SimpleProfiler
+    checkpoints = ModelCheckpoint(dirpath=tmp_path)
+    first = trainer(tmp_path, max_steps=1, profiler="simple", callbacks=[checkpoints])
+    first.fit(LitModel(), datamodule=ShardedData())
+    durations = first.profiler.recorded_durations
+    for hook in ("prepare_data", "setup", "state_dict", "teardown"):
+        assert len(durations[f"[DataModule]ShardedData.{hook}"]) == 1, hook
+    assert "[DataModule]ShardedData.load_state_dict" not in durations
+
+    resumed = trainer(tmp_path, max_steps=2, profiler="simple")
+    resumed.fit(LitModel(), datamodule=ShardedData(), ckpt_path=checkpoints.best_model_path)
+    assert len(resumed.profiler.recorded_durations["[DataModule]ShardedData.load_state_dict"]) == 1
+    assert "state_dict" not in vars(resumed.datamodule)  # the timing wrappers are gone after the stage
+
+
 def test_tqdm_progress_bar_takes_lightnings_arguments(tmp_path):
     bar = TQDMProgressBar(refresh_rate=0)
     run = trainer(tmp_path, max_epochs=1, enable_progress_bar=True, callbacks=[bar])

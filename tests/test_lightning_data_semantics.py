@@ -363,6 +363,16 @@ def test_a_whole_float_above_one_counts_batches_as_in_lightning():
         quiet(limit_test_batches=1.5)
 
 
+def test_val_check_interval_reads_one_epoch_when_not_given_and_under_fast_dev_run():
+    assert quiet().val_check_interval == 1.0
+    assert quiet(check_val_every_n_epoch=None).val_check_interval == 1.0  # the default is not a refused fraction
+    trainer = quiet(fast_dev_run=2, val_check_interval=0.25)
+    assert trainer.val_check_interval == 1.0
+    model = BoringModel()
+    trainer.fit(model)
+    assert trainer.global_step == 2 and trainer.num_val_batches == [2]  # validated once, at the epoch's end
+
+
 # ---------------------------------------------------------------------------------------------- DataModule
 def test_datamodule_from_datasets_serves_each_stage():
     class Sized(DataModule):

@@ -193,3 +193,52 @@ def test_sync_dist_step_values_in_validation_are_reduced_per_batch_under_ddp():
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
     # 16 samples over 2 ranks in batches of 4: 2 validation batches per rank, each the mean of ranks 0 and 1
     assert line.split()[1:] == ["0:0.5", "1:0.5"]
+
+
+def test_values_logged_in_on_train_start_reach_the_logger_once_as_values_of_the_first_epoch():
+    class LogsAtStart(LitModel):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.mse_loss(self.layer(x), y)
+
+        def on_train_start(self):
+            self.log("lr_at_start", 0.5)
+
+    logger = KeywordLogger()
+    trainer = trainer_with(logger, max_epochs=3, limit_train_batches=2)
+    trainer.fit(LogsAtStart(), data())
+    assert [call for call in logger.calls if "lr_at_start" in call["metrics"]] == [
+        {"metrics": {"lr_at_start": 0.5, "epoch": 0}, "step": 1}  # the first epoch's end, at its last step
+    ]
+    assert trainer.callback_metrics["lr_at_start"] == 0.5
+
+
+def test_on_train_start_refuses_step_values_as_lightning_does():
+    class StepAtStart(LitModel):
+        def on_train_start(self):
+            self.log("at_start", 1.0, on_step=True)
+
+    with pytest.raises(ConfigurationError, match="on_step=True"):
+        trainer_with(KeywordLogger(), max_epochs=1, limit_train_batches=1).fit(StepAtStart(), data())
+
+
+def test_explicit_logger_true_without_a_logger_warns_and_the_default_does_not():
+    import inspect
+    import warnings
+
+    assert inspect.signature(TrainModule.log).parameters["logger"].default is None  # Lightning's signature
+
+    class Explicit(LitModel):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("explicit", loss, logger=True)
+            return loss
+
+    options = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, max_epochs=1, limit_train_batches=2)  # fmt: skip
+    with pytest.warns(UserWarning, match=r"self.log\('explicit', ..., logger=True\)` but have no logger") as seen:
+        Trainer(**options).fit(Explicit(), data())
+    assert sum("no logger configured" in str(w.message) for w in seen) == 1  # once, not per call
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no logger configured")
+        Trainer(**options).fit(LitModel(), data())  # self.log("train_loss", loss): logger left at its default

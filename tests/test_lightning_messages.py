@@ -67,7 +67,32 @@ def test_clip_gradients_arguments_that_contradict_the_trainer_are_refused():
             self.clip_gradients(optimizer, gradient_clip_val=0.5, gradient_clip_algorithm="value")
 
     with pytest.raises(MisconfigurationException, match="gradient_clip_algorithm='value'"):
-        quiet(max_steps=1, gradient_clip_val=0.5).fit(SameValue(), data())
+        quiet(max_steps=1, gradient_clip_val=0.5, gradient_clip_algorithm="norm").fit(SameValue(), data())
+    # As in Lightning, an algorithm not set on the Trainer (None) is the module's choice.
+    trainer = quiet(max_steps=1, gradient_clip_val=0.5)
+    trainer.fit(SameValue(), data())
+    assert trainer.gradient_clip_algorithm is None
+
+
+def test_clip_gradients_without_arguments_uses_the_trainers_settings():
+    class ClipsInManual(LitModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.largest_gradient = []
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            x, y = batch
+            self.manual_backward(1e3 * F.mse_loss(self.layer(x), y))
+            self.clip_gradients(opt)  # Trainer(gradient_clip_val=1e-3, gradient_clip_algorithm="value")
+            self.largest_gradient.append(max(p.grad.abs().max().item() for p in self.parameters()))
+            opt.step()
+
+    model = ClipsInManual()
+    quiet(max_steps=2, gradient_clip_val=1e-3, gradient_clip_algorithm="value").fit(model, data())
+    assert model.largest_gradient == pytest.approx([1e-3, 1e-3])
 
 
 def test_extra_scheduler_keys_and_onecycle_per_epoch_warn():

@@ -425,3 +425,79 @@ def test_manual_zero_grad_does_not_call_on_before_zero_grad():
     model = Manual()
     quiet_trainer(max_steps=3, limit_val_batches=0).fit(model)
     assert model.before_zero_grad == 0 and model.trainer.global_step == 3
+
+
+class OwnBackward(BoringModel):
+    """Overrides ``backward`` as Lightning users do (here: record the loss it gets, then the usual backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.step_losses: list[float] = []
+        self.backward_losses: list[float] = []
+        self.backward_kwargs: list[dict] = []
+
+    def training_step(self, batch, batch_idx):
+        output = super().training_step(batch, batch_idx)
+        self.step_losses.append(output["loss"].item())
+        return output
+
+    def on_before_backward(self, loss):
+        self.calls.append("on_before_backward")
+
+    def backward(self, loss, *args, **kwargs):
+        self.calls.append("backward")
+        self.backward_losses.append(loss.item())
+        self.backward_kwargs.append(kwargs)
+        loss.backward(*args, **kwargs)
+
+    def on_after_backward(self):
+        self.calls.append("on_after_backward")
+
+
+def test_an_overridden_backward_gets_the_accumulation_divided_loss_between_the_backward_hooks():
+    model = OwnBackward()
+    quiet_trainer(max_steps=2, accumulate_grad_batches=2, limit_val_batches=0).fit(model)
+    assert model.calls == ["on_before_backward", "backward", "on_after_backward"] * 4
+    assert model.backward_losses == pytest.approx([loss / 2 for loss in model.step_losses])
+    assert model.trainer.global_step == 2
+
+
+def test_an_overridden_backward_trains_the_same_weights_as_the_default_one():
+    torch.manual_seed(0)
+    own = OwnBackward()
+    torch.manual_seed(0)
+    default = BoringModel()
+    for model in (own, default):
+        torch.manual_seed(1)  # the same random batches
+        quiet_trainer(max_steps=3, limit_val_batches=0).fit(model)
+    assert torch.equal(own.layer.weight, default.layer.weight)
+
+
+def test_an_overridden_backward_gets_the_loss_scaled_by_16_mixed():
+    from trainer.strategies.precision import MixedPrecision
+
+    model = OwnBackward()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    quiet_trainer(max_steps=1, limit_val_batches=0, precision=MixedPrecision("16-mixed", scaler=scaler)).fit(model)
+    assert model.backward_losses == pytest.approx([loss * 2.0**8 for loss in model.step_losses], rel=1e-3)
+
+
+def test_manual_backward_calls_an_overridden_backward_with_its_arguments():
+    class Manual(OwnBackward):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            loss = self.step(batch)
+            self.manual_backward(loss, retain_graph=True)
+            self.manual_backward(loss)  # the graph was kept
+            opt.step()
+
+    model = Manual()
+    quiet_trainer(max_steps=2, limit_val_batches=0).fit(model)
+    assert model.calls == ["on_before_backward", "backward", "on_after_backward"] * 4
+    assert model.backward_kwargs == [{"retain_graph": True}, {}] * 2

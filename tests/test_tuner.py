@@ -116,3 +116,13 @@ def test_scale_batch_size_returns_the_largest_that_fits_and_sets_it(tmp_path):
     # Without a budget on CPU (as in Lightning) no trial fails: it stops at the dataset's size (or max_val).
     assert Tuner(make_trainer(tmp_path)).scale_batch_size(LitModel(), max_val=16) == 16
     assert Tuner(make_trainer(tmp_path)).scale_batch_size(LitModel()) == 64
+
+
+def test_the_tuner_skips_both_searches_with_a_warning_under_fast_dev_run(tmp_path):
+    model = LitModel(lr=0.1, batch_size=8)
+    tuner = Tuner(Trainer(default_root_dir=tmp_path, fast_dev_run=True, accelerator="cpu", logger=False))
+    with pytest.warns(UserWarning, match="Skipping learning rate finder since `fast_dev_run` is enabled"):
+        assert tuner.lr_find(model) is None
+    with pytest.warns(UserWarning, match="Skipping batch size scaler since `fast_dev_run` is enabled"):
+        assert tuner.scale_batch_size(model) is None
+    assert (model.hparams.lr, model.hparams.batch_size) == (0.1, 8)  # nothing was searched or set

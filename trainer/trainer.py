@@ -107,7 +107,7 @@ class Trainer:
         num_sanity_val_steps: int = 2,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: Optional[float] = None,
-        gradient_clip_algorithm: str = "norm",
+        gradient_clip_algorithm: Optional[str] = None,
         callbacks: Optional[Union[Callback, list[Callback]]] = None,
         logger: Union[bool, Logger, Iterable[Logger], None] = True,
         log_every_n_steps: int = 50,

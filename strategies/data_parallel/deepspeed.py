@@ -30,6 +30,7 @@ import contextlib
 import datetime
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Union
 
@@ -239,6 +240,15 @@ class DeepSpeedStrategy(ParallelStrategy):
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         """DeepSpeed's backward (it scales the loss under fp16; the Trainer already divided it for accumulation)."""
         self._engine.backward(loss, *args, **kwargs)
+
+    def backward_through(self, backward: Callable[..., Any], loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """DeepSpeed's engine runs the backward (it owns the loss scaling): a module's own ``backward`` is not
+        called; a warning says so once, as in Lightning."""
+        if not getattr(self, "_warned_backward", False):
+            self._warned_backward = True
+            warnings.warn("The module overrides backward(), but strategy='deepspeed' runs the backward through its "
+                          "engine: the override is not called.", UserWarning, stacklevel=2)
+        self.backward(loss, *args, **kwargs)
 
     def optimizer_step(
         self, optimizer: Optimizer, before_step: Callable[[], None], closure: Optional[Callable[[], Any]] = None,

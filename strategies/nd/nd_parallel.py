@@ -275,6 +275,15 @@ class NDParallelStrategy(FSDPStrategy):
             return
         super().backward(loss, *args, **kwargs)
 
+    def backward_through(self, backward: Any, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """A module's own ``backward``, except under pipeline parallel, where the schedule already ran the backward."""
+        if self._pipeline is not None:
+            raise ConfigurationError(
+                "The module overrides backward(), but with pipeline parallel the schedule runs the backward of "
+                "every micro-batch itself: remove the override (use on_before_backward/on_after_backward instead)."
+            )
+        super().backward_through(backward, loss, *args, **kwargs)
+
     def optimizer_step(self, optimizer: Optimizer, before_step: Any, closure: Any = None, **kwargs: Any) -> bool:
         if self._pipeline is not None:
             self._pipeline.discard_unfinished()

@@ -111,6 +111,11 @@ class Precision:
         """Run backward on ``loss`` (scaled where the plugin scales); extra arguments go to ``Tensor.backward``."""
         loss.backward(*args, **kwargs)
 
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        """The loss as :meth:`backward` propagates it (scaled where the plugin scales, e.g. 16-mixed's gradient
+        scaler): what a module's own ``backward(loss)`` receives. Identity here."""
+        return loss
+
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Make the gradients of ``optimizer``'s parameters true gradients. Idempotent within a step."""
 

@@ -73,6 +73,9 @@ class MixedPrecision(Precision):
         else:
             self.scaler.scale(loss).backward(*args, **kwargs)
 
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         scaler = self.scaler
         # The scaler's own per-optimizer stage is the one record of "already unscaled in this step".

@@ -54,9 +54,10 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
     clip, algorithm = args["gradient_clip_val"], args["gradient_clip_algorithm"]
     _require(clip is None or (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip >= 0),
              f"gradient_clip_val={clip!r} must be None or a number >= 0.")
-    _require(isinstance(algorithm, str) and algorithm.lower() in ("norm", "value"),
-             f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
-    out["gradient_clip_algorithm"] = algorithm.lower()
+    _require(algorithm is None or (isinstance(algorithm, str) and algorithm.lower() in ("norm", "value")),
+             f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value' (None: 'norm').")
+    # None (not set) stays None, as in Lightning: clip_gradients(algorithm=...) may then choose freely.
+    out["gradient_clip_algorithm"] = algorithm.lower() if algorithm is not None else None
     out["gradient_clip_val"] = float(clip) if clip else None
 
     for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
@@ -77,6 +78,8 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
              f"val_check_interval={interval!r}: `val_check_interval` should be an integer or a time-based duration "
              "(str 'DD:HH:MM:SS', datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`."
              " A fraction of an epoch does not apply there: check_val_every_n_epoch=None counts batches across epochs.")
+    if interval is None:
+        out["val_check_interval"] = 1.0  # not given: once per epoch, which trainer.val_check_interval reads as Lightning's
     sanity = args["num_sanity_val_steps"]
     _require(_is_int(sanity) and sanity >= -1, f"num_sanity_val_steps={sanity!r} must be -1 (all), 0 (off) or an int > 0.")
     log_every = args["log_every_n_steps"]
@@ -100,7 +103,7 @@ def validate_arguments(args: dict[str, Any]) -> dict[str, Any]:
         batches = 1 if fast is True else int(fast)
         out.update(limit_train_batches=batches, limit_val_batches=batches, limit_test_batches=batches,
                    limit_predict_batches=batches, max_epochs=1, max_steps=batches, num_sanity_val_steps=0,
-                   val_check_interval=None, _val_check_seconds=None, check_val_every_n_epoch=1,
+                   val_check_interval=1.0, _val_check_seconds=None, check_val_every_n_epoch=1,
                    log_every_n_steps=1)
     out["fast_dev_run"] = True if fast == 1 else fast  # Lightning's value: fast_dev_run=1 reads back as True
     if overfit:  # the same first batches every epoch, for training and validation (shuffling is turned off)

@@ -184,17 +184,22 @@ class FitLoop:
             return
         if trainer._val_check_seconds is not None:  # a time-based val_check_interval counts from here
             trainer._last_val_time = time.monotonic()
+        results = trainer._metrics.train
+        results.epoch_level = True  # as in Lightning, on_train_start logs epoch values (of the first epoch)
         trainer._call_hook("on_train_start")
+        results.epoch_level = False
         trainer._checkpoint.resume_point()  # a restored fit continues the saved RNG stream from here
         reload_every = trainer.reload_dataloaders_every_n_epochs
+        first_epoch = True
         while not self.done:
             if reload_every:
                 trainer._reload_fit_dataloaders()  # when reload_dataloaders_every_n_epochs epochs passed
             num_batches = trainer.num_training_batches
-            results = trainer._metrics.train
             if progress.batch_in_epoch == 0:
-                results.reset_epoch()
-                self.val_loop.counts.reset()  # as in Lightning, it counts the validation batches of this epoch
+                if not first_epoch:  # the stage started empty; what on_train_start logged counts in the first epoch
+                    results.reset_epoch()
+                self.val_loop.counts.reset()
+            first_epoch = False  # as in Lightning, it counts the validation batches of this epoch
             results.epoch_level = True
             trainer._call_hook("on_train_epoch_start")
             results.epoch_level = False

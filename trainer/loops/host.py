@@ -23,7 +23,7 @@ class LoopHost(Protocol):
     max_steps: int
     accumulate_grad_batches: int
     gradient_clip_val: Optional[float]
-    gradient_clip_algorithm: str
+    gradient_clip_algorithm: Optional[str]
     log_every_n_steps: int
     val_check_interval: Any  # int, float, or a time-based duration (str, timedelta, dict)
     _val_check_seconds: Optional[float]  # the time-based val_check_interval in seconds, else None

@@ -130,7 +130,7 @@ class AutomaticOptimization:
         self.progress = trainer.fit_loop.progress
         module = trainer.module
         self.clip_val = trainer.gradient_clip_val
-        self.clip_algorithm = trainer.gradient_clip_algorithm
+        self.clip_algorithm = trainer.gradient_clip_algorithm  # None when not set: what configure_gradient_clipping gets
         self.custom_clipping = overrides(module, TrainModule, "configure_gradient_clipping")
         self.pass_batch_idx = takes_batch_idx(module.training_step)  # training_step(batch) is allowed, as in Lightning
         # Several ranks, and a training_step that can return None: the ranks agree on a skip (skip_agreement).
@@ -152,6 +152,8 @@ class AutomaticOptimization:
         #: Gradients outlive the step (Lightning's order): fit releases them before validating.
         self.keeps_gradients = self.zero_before_backward
         self.last_loss: Optional[Tensor] = None
+        # The module's own backward(loss) hook, called (through the strategy) instead of loss.backward when overridden.
+        self.module_backward = module.backward if overrides(module, TrainModule, "backward") else None
         # The module's backward_context() (e.g. loss_parallel()), entered around forward and backward; None if not given.
         self.backward_context = module.backward_context if implements(module, TrainModule, "backward_context") else None
         # Nothing between training_step and the torch calls would act: no hook of the step, clipping, custom step,
@@ -160,7 +162,7 @@ class AutomaticOptimization:
             optimizer is not None and trainer.strategy.plain_steps and not self.custom_step
             and not self.custom_zero_grad and not self.custom_clipping and not self.clip_val
             and not self.counter.step_schedulers and not self.counter.plateau_schedulers
-            and self.backward_context is None
+            and self.backward_context is None and self.module_backward is None
             and all(hook is None for hook in (self.before_backward, self.after_backward,
                                               self.before_optimizer_step, self.before_zero_grad))
         )  # fmt: skip
@@ -223,7 +225,10 @@ class AutomaticOptimization:
             if self.before_backward is not None:
                 self.before_backward(loss)
             try:
-                strategy.backward(loss)
+                if self.module_backward is None:
+                    strategy.backward(loss)
+                else:
+                    strategy.backward_through(self.module_backward, loss)
             except RuntimeError as err:
                 _explain_backward_error(err)
                 raise
@@ -281,7 +286,7 @@ class AutomaticOptimization:
                 optimizer, gradient_clip_val=self.clip_val, gradient_clip_algorithm=self.clip_algorithm
             )
         elif self.clip_val:
-            self.strategy.clip_gradients(optimizer, self.clip_val, self.clip_algorithm)
+            self.strategy.clip_gradients(optimizer, self.clip_val, self.clip_algorithm or "norm")
 
 
 _NOT_RUN = object()

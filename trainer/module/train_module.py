@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from trainer.strategies.errors import ConfigurationError
 from trainer.module.hparams import AttributeDict, hyperparameters_of_call
 from trainer.module.train_mode import ModuleModes
+from trainer.module.overrides import overrides
 
 
 
@@ -195,7 +196,7 @@ class TrainModule(nn.Module):
         self, optimizer: Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None
     ) -> None:
         """Clip gradients before the step; by default applies the Trainer's ``gradient_clip_val``."""
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
 
     # ------------------------------------------------------------------ data hooks (optional)
     def prepare_data(self) -> None:
@@ -338,6 +339,18 @@ class TrainModule(nn.Module):
     def on_before_backward(self, loss: Tensor) -> None:
         """Called before ``backward`` with the (accumulation-scaled) loss."""
 
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """The backward of the loss ``training_step`` returned (automatic optimisation) or ``manual_backward`` was
+        given; override for a backward of your own. ``loss`` is divided by ``accumulate_grad_batches`` and scaled
+        where the precision scales (16-mixed); ``args``/``kwargs`` are ``manual_backward``'s. Called between
+        ``on_before_backward`` and ``on_after_backward``, only when overridden (else the strategy runs it); with
+        ``strategy="deepspeed"`` the engine runs the backward and the override is not called::
+
+            def backward(self, loss):
+                loss.backward(retain_graph=True)
+        """
+        loss.backward(*args, **kwargs)
+
     def on_after_backward(self) -> None:
         """Called after ``backward``; gradients may still be scaled under 16-mixed."""
 
@@ -414,7 +427,7 @@ class TrainModule(nn.Module):
         name: str,
         value: Any,
         prog_bar: bool = False,
-        logger: bool = True,
+        logger: Optional[bool] = None,
         on_step: Optional[bool] = None,
         on_epoch: Optional[bool] = None,
         reduce_fx: Union[str, Callable] = "mean",
@@ -431,8 +444,9 @@ class TrainModule(nn.Module):
 
         Defaults: in training ``on_step=True, on_epoch=False``; in validation/test and in epoch-level hooks
         ``on_step=False, on_epoch=True``. Epoch values are means weighted by batch size (or ``reduce_fx``).
-        Tensors are detached (no graph is kept) and read on the host only at logging intervals.
-        ``enable_graph``, ``sync_dist_group``, ``metric_attribute`` and ``rank_zero_only`` are Lightning's and
+        Tensors are detached (no graph is kept) and read on the host only at logging intervals. ``logger=None``
+        (the default) sends the value to the loggers; an explicit ``logger=True`` with no logger attached warns, as
+        in Lightning. ``enable_graph``, ``sync_dist_group``, ``metric_attribute`` and ``rank_zero_only`` are Lightning's and
         accepted so its calls run: values are always detached, ``sync_dist`` reduces over all ranks, and loggers write
         from global rank 0.
         """
@@ -442,13 +456,19 @@ class TrainModule(nn.Module):
                 self.__dict__["_log_warned"] = True  # once per module, not per call
                 _warn_not_attached(name, self._trainer)
             return
+        if logger is None:
+            logger = True
+        elif logger and name not in self.__dict__.get("_told_no_logger", ()) and self._trainer.logger is None:
+            self.__dict__.setdefault("_told_no_logger", set()).add(name)  # once per name, not per call
+            warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. Attach "
+                          "one with `Trainer(logger=...)`, or drop logger=True.", UserWarning, stacklevel=2)
         results.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, add_dataloader_idx)
 
     def log_dict(
         self,
         dictionary: Mapping[str, Any],
         prog_bar: bool = False,
-        logger: bool = True,
+        logger: Optional[bool] = None,
         on_step: Optional[bool] = None,
         on_epoch: Optional[bool] = None,
         reduce_fx: Union[str, Callable] = "mean",
@@ -497,7 +517,10 @@ class TrainModule(nn.Module):
                 "manual_backward is for manual optimisation: set self.automatic_optimization = False in __init__."
             )
         trainer._call_hook("on_before_backward", loss)
-        trainer.strategy.backward(loss, *args, **kwargs)
+        if overrides(self, TrainModule, "backward"):
+            trainer.strategy.backward_through(self.backward, loss, *args, **kwargs)
+        else:
+            trainer.strategy.backward(loss, *args, **kwargs)
         trainer._call_hook("on_after_backward")
 
     @_outside_dynamo  # it flips requires_grad, which Dynamo cannot trace (a compiled step graph-breaks here)
@@ -528,24 +551,28 @@ class TrainModule(nn.Module):
         self, optimizer: Optimizer, gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: Optional[str] = None
     ) -> None:
         """Clip gradients of ``optimizer``'s parameters by norm (default) or value; unscales first under 16-mixed.
-        Arguments that contradict the Trainer's ``gradient_clip_val``/``gradient_clip_algorithm`` are refused."""
+        An argument not given is the Trainer's (``gradient_clip_val``/``gradient_clip_algorithm``); one that
+        contradicts a value set on the Trainer is refused."""
         trainer = self.trainer
         configured_val = getattr(trainer, "gradient_clip_val", None)
-        if configured_val is not None and gradient_clip_val is not None and float(gradient_clip_val) != configured_val:
+        if gradient_clip_val is None:
+            gradient_clip_val = configured_val
+        elif configured_val is not None and float(gradient_clip_val) != configured_val:
             raise ConfigurationError(
                 f"clip_gradients(gradient_clip_val={gradient_clip_val}) contradicts Trainer(gradient_clip_val="
                 f"{configured_val}). Set the value in one place: drop one of them."
             )
-        configured_algorithm = getattr(trainer, "gradient_clip_algorithm", "norm")
-        if (configured_val is not None and gradient_clip_algorithm is not None
-                and gradient_clip_algorithm != configured_algorithm):  # fmt: skip
+        configured_algorithm = getattr(trainer, "gradient_clip_algorithm", None)
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = configured_algorithm
+        elif configured_algorithm is not None and gradient_clip_algorithm.lower() != configured_algorithm:
             raise ConfigurationError(
                 f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) contradicts Trainer("
                 f"gradient_clip_algorithm={configured_algorithm!r}). Set it in one place: drop one of them."
             )
         if gradient_clip_val is None or gradient_clip_val == 0:
             return
-        algorithm = gradient_clip_algorithm or "norm"
+        algorithm = (gradient_clip_algorithm or "norm").lower()
         if algorithm not in ("norm", "value"):
             raise ConfigurationError(f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
         for wrapped in self.trainer._wrapped_optimizers:

@@ -85,8 +85,24 @@ class Instrumentation:
         self._shadow(trainer, "_run_validation_in_fit", "validation loop (own code)")
         self._shadow(trainer, "_run_sanity_check", "sanity check (own code)")
         self._shadow(trainer.fit_loop, "run", "training loop (own code)")
+        self._wrap_datamodule_hooks()
         self._wrap_hooks()
         trainer.train_iterator_wrappers.append(self._data_wait)
+
+    def _wrap_datamodule_hooks(self) -> None:
+        """The datamodule's set-up, tear-down and state hooks, named as Lightning names them after the rename
+        (``"[DataModule]MyData.setup"``); ``prepare_data`` where the class implements it (otherwise it does nothing)."""
+        datamodule = self.trainer.datamodule
+        if datamodule is None:
+            return
+        from trainer.module.datamodule import DataModule
+        from trainer.module.overrides import overrides
+
+        names = ["setup", "teardown", "state_dict", "load_state_dict"]
+        if overrides(datamodule, DataModule, "prepare_data"):
+            names.insert(0, "prepare_data")
+        for name in names:
+            self._shadow(datamodule, name, f"[DataModule]{type(datamodule).__name__}.{name}")
 
     def _wrap_hooks(self) -> None:
         hooks = self.trainer._hooks

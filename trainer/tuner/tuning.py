@@ -13,6 +13,7 @@ from trainer.callbacks.batch_size_finder import BatchSizeFinder
 from trainer.callbacks.callback import Callback
 from trainer.callbacks.lr_finder import LearningRateFinder, LRFinderResult
 from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_warn
 
 _METHODS = ("fit", "validate", "test", "predict")
 
@@ -51,6 +52,8 @@ class Tuner:
             raise ConfigurationError(f"Tuner.lr_find(method={method!r}): the learning-rate finder trains, so only "
                                      "method='fit' is valid.")  # fmt: skip
         _check_arguments(train_dataloaders, val_dataloaders, dataloaders, method)
+        if self._skip_on_fast_dev_run("learning rate finder"):
+            return None
         self._refuse_configured(LearningRateFinder)
         if update_attr:
             attr_name = _lr_attribute(model, attr_name)
@@ -85,12 +88,21 @@ class Tuner:
         if self._trainer.world_size > 1:
             raise ConfigurationError("Tuner.scale_batch_size: tuning the batch size is not supported with distributed "
                                      "strategies (several processes); tune on one device (devices=1), then train.")  # fmt: skip
+        if self._skip_on_fast_dev_run("batch size scaler"):
+            return None
         self._refuse_configured(BatchSizeFinder)
         finder = BatchSizeFinder(init_val=init_val, max_trials=max_trials, steps_per_trial=steps_per_trial,
                                  max_memory_mb=max_memory_mb, max_val=max_val, scale_lr=scale_lr,
                                  batch_arg_name=batch_arg_name, mode=mode, margin=margin)  # fmt: skip
         self._run(finder, method, model, train_dataloaders, val_dataloaders, dataloaders, datamodule)
         return finder.optimal_batch_size
+
+    def _skip_on_fast_dev_run(self, what: str) -> bool:
+        """True (with Lightning's warning) when ``fast_dev_run`` is on: a search over a batch or two means nothing."""
+        if not self._trainer.fast_dev_run:
+            return False
+        rank_zero_warn(f"Skipping {what} since `fast_dev_run` is enabled.")
+        return True
 
     def _refuse_configured(self, kind: type) -> None:
         if any(isinstance(callback, kind) for callback in self._trainer.callbacks):

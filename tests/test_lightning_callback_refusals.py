@@ -100,3 +100,16 @@ def test_tuner_and_monitor_refusals_keep_lightnings_phrases(tmp_path):
     quiet = make_trainer(tmp_path, max_epochs=1, callbacks=[LearningRateMonitor()])
     with pytest.raises(MisconfigurationException, match="`Trainer` that has no logger"):
         quiet.fit(TinyRegressor(), train, val)
+
+
+def test_a_model_checkpoint_with_checkpointing_turned_off_is_refused(tmp_path):
+    saver = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss")
+    with pytest.raises(MisconfigurationException, match="`enable_checkpointing=False` but found `ModelCheckpoint`"):
+        make_trainer(tmp_path, callbacks=[saver], enable_checkpointing=False)
+    with pytest.raises(MisconfigurationException, match="found `ModelCheckpoint`"):  # barebones turns it off too
+        make_trainer(tmp_path, callbacks=[saver], barebones=True, enable_progress_bar=None, enable_model_summary=None,
+                     logger=None)  # fmt: skip
+    off = make_trainer(tmp_path, callbacks=[], enable_checkpointing=False)
+    assert off.checkpoint_callback is None
+    kept = make_trainer(tmp_path, callbacks=[saver])  # enable_checkpointing=True keeps the user's, adds none
+    assert kept.checkpoint_callbacks == [saver]

@@ -13,6 +13,7 @@ from trainer import ConfigurationError, DataModule, Trainer, TrainModule
 from trainer.callbacks import (
     BackboneFinetuning,
     BaseFinetuning,
+    Callback,
     EarlyStopping,
     EarlyStoppingReason,
     LearningRateMonitor,
@@ -132,8 +133,8 @@ def test_backbone_finetuning_unfreezes_at_its_epoch_and_resumes_with_the_added_g
     frozen = model.backbone[0].weight.clone()
     run.fit(model, data())
     assert len(run.optimizers[0].param_groups) == 2
-    # epoch 2 raised it to 1.5 x 0.01; StepLR then halves every group, the added one too (as in Lightning)
-    assert run.optimizers[0].param_groups[1]["lr"] == pytest.approx(0.01 * 1.5 * 0.5)
+    # epoch 2 doubled it (Lightning's default lambda_func); StepLR then halves every group, the added one too
+    assert run.optimizers[0].param_groups[1]["lr"] == pytest.approx(0.01 * 2 * 0.5)
     assert not torch.equal(model.backbone[0].weight, frozen)  # trained once unfrozen
 
     first_epoch = LitModel()
@@ -146,9 +147,70 @@ def test_backbone_finetuning_unfreezes_at_its_epoch_and_resumes_with_the_added_g
     rerun = trainer(tmp_path / "c", max_epochs=3, callbacks=[again])
     rerun.fit(resumed, data(), ckpt_path=tmp_path / "ckpt" / "epoch=1.ckpt")  # saved after the group was added
     assert len(rerun.optimizers[0].param_groups) == 2
-    assert again.previous_backbone_lr == pytest.approx(0.01 * 1.5)
+    assert again.previous_backbone_lr == pytest.approx(0.01 * 2)
     for key, value in model.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], value), key
+
+
+class RecordsRates(Callback):
+    """After the fine-tuning callback: each epoch's (rest, backbone) learning rates, backbone None while frozen."""
+
+    def __init__(self) -> None:
+        self.rates: list[tuple[float, float | None]] = []
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        groups = trainer.optimizers[0].param_groups
+        self.rates.append((groups[0]["lr"], groups[1]["lr"] if len(groups) > 1 else None))
+
+
+class HeadOnly(LitModel):
+    def configure_optimizers(self):  # the head only, as Lightning's example: the callback adds the backbone
+        optimizer = torch.optim.SGD(self.head.parameters(), lr=0.1)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)]
+
+
+@pytest.mark.parametrize(("options", "backbone"), [
+    # the default: 0.1 x the rest's rate at the unfreeze epoch, doubled every epoch, then held to the rest's rate
+    ({}, [None, None, 0.1 * 0.7 ** 2 * 0.1, 0.1 * 0.7 ** 2 * 0.1 * 2, 0.1 * 0.7 ** 2 * 0.1 * 4, 0.1 * 0.7 ** 5]),
+    (dict(backbone_initial_lr=0.001, lambda_func=lambda epoch: 1.0 + epoch / 10),
+     [None, None, 0.001, 0.001 * 1.4, 0.001 * 1.4 * 1.5, 0.001 * 1.4 * 1.5 * 1.6]),
+    (dict(backbone_initial_ratio_lr=0.5, should_align=False),
+     [None, None, 0.1 * 0.7 ** 2 * 0.5, 0.1 * 0.7 ** 2, 0.1 * 0.7 ** 2 * 2, 0.1 * 0.7 ** 2 * 4]),
+])  # fmt: skip
+def test_backbone_finetuning_learning_rates_per_epoch_are_lightnings(tmp_path, options, backbone):
+    recorder = RecordsRates()
+    run = trainer(tmp_path, max_epochs=6, limit_val_batches=0,
+                  callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=2, **options), recorder])  # fmt: skip
+    run.fit(HeadOnly(), data())
+    assert [rest for rest, _ in recorder.rates] == pytest.approx([0.1 * 0.7 ** epoch for epoch in range(6)])
+    assert [lr for _, lr in recorder.rates] == [pytest.approx(lr) if lr is not None else None for lr in backbone]
+
+
+@pytest.mark.parametrize("train_bn", [True, False])
+def test_backbone_finetuning_train_bn_decides_whether_batchnorm_joins_the_backbone_group(tmp_path, train_bn):
+    model = HeadOnly()
+    run = trainer(tmp_path, max_epochs=2, limit_val_batches=0,
+                  callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=1, train_bn=train_bn)])  # fmt: skip
+    run.fit(model, data())
+    batchnorm = set(model.backbone[1].parameters())
+    added = run.optimizers[0].param_groups[1]["params"]
+    assert set(model.backbone[0].parameters()) <= set(added)
+    assert bool(batchnorm & set(added)) is train_bn
+    # as in Lightning, freezing the backbone leaves its BatchNorm trainable either way
+    fresh = HeadOnly()
+    BackboneFinetuning(train_bn=train_bn).freeze_before_training(fresh)
+    assert all(p.requires_grad for p in fresh.backbone[1].parameters())
+    assert not any(p.requires_grad for p in fresh.backbone[0].parameters())
+
+
+def test_base_finetuning_state_keeps_each_group_as_it_was_added(tmp_path):
+    finetuning = BackboneFinetuning(unfreeze_backbone_at_epoch=1, backbone_initial_lr=0.01)
+    trainer(tmp_path, max_epochs=3, limit_val_batches=0, callbacks=[finetuning]).fit(HeadOnly(), data())
+    groups = finetuning.state_dict()["internal_optimizer_metadata"][0]
+    assert [group["params"] for group in groups] == [
+        ["head.weight", "head.bias"], ["backbone.0.weight", "backbone.0.bias", "backbone.1.weight", "backbone.1.bias"]]
+    assert [group["lr"] for group in groups] == [0.1, 0.01]  # the rates they started with, not today's
+    assert finetuning.state_dict()["previous_backbone_lr"] == pytest.approx(min(0.02, 0.1 * 0.7 ** 2))
 
 
 def test_base_finetuning_must_be_implemented_and_backbone_must_exist(tmp_path):
@@ -202,3 +264,10 @@ def test_lightnings_other_callback_arguments_are_taken(tmp_path):
     assert BatchSizeFinder(mode="binsearch", margin=0.05, max_memory_mb=1).margin == 0.05
     with pytest.raises(ConfigurationError, match="margin"):
         BatchSizeFinder(margin=1.5)
+
+
+def test_finetuning_under_deepspeed_is_refused_as_lightning_refuses_it():
+    pytest.importorskip("deepspeed")
+    run = Trainer(accelerator="cpu", strategy="deepspeed", logger=False, enable_checkpointing=False)
+    with pytest.raises(NotImplementedError, match="does not support running with the DeepSpeed strategy"):
+        BackboneFinetuning().setup(run, LitModel(), stage="fit")

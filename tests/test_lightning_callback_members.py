@@ -87,6 +87,56 @@ def test_learning_rate_monitor_names_groups_and_schedulers_and_refuses_duplicate
                 callbacks=[LearningRateMonitor()]).fit(Clashing(), data())  # fmt: skip
 
 
+class TwoOptimizers(LitModel):
+    """Manual optimisation with an Adam on everything and an SGD (with a scheduler) on the head only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        for optimizer in self.optimizers():
+            self.manual_backward(F.mse_loss(self(batch[0]), batch[1]))
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def on_train_epoch_end(self):
+        self.lr_schedulers().step()
+
+    def configure_optimizers(self):
+        adam = torch.optim.Adam(filter(lambda p: p.requires_grad, self.parameters()), lr=0.01)
+        sgd = torch.optim.SGD(self.head.parameters(), lr=0.1)
+        return [adam, sgd], [torch.optim.lr_scheduler.StepLR(sgd, step_size=1, gamma=0.5)]
+
+
+class AddsBackboneToSGD(BaseFinetuning):
+    def freeze_before_training(self, pl_module):
+        self.freeze(pl_module.backbone)
+
+    def finetune_function(self, pl_module, epoch, optimizer):
+        if epoch == 1 and isinstance(optimizer, torch.optim.SGD):
+            self.unfreeze_and_add_param_group(pl_module.backbone, optimizer, lr=0.001)
+
+
+def test_learning_rate_monitor_names_optimizers_with_a_scheduler_first_and_follows_added_groups(tmp_path):
+    seen: list[list[str]] = []
+
+    class Names(Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            seen.append(list(monitor.lrs))
+
+    monitor = LearningRateMonitor(logging_interval="epoch")
+    trainer(tmp_path, logger=CSVLogger(tmp_path), max_epochs=3,
+            callbacks=[AddsBackboneToSGD(), monitor, Names()]).fit(TwoOptimizers(), data())  # fmt: skip
+    # the scheduled SGD comes first although configure_optimizers returned it second
+    assert seen[0] == ["lr-SGD", "lr-Adam"]
+    # once the SGD has two groups its rates go under /pg1 and /pg2, its history moving to /pg1 (at the end)
+    assert seen[1] == seen[2] == ["lr-Adam", "lr-SGD/pg1", "lr-SGD/pg2"]
+    assert monitor.lrs["lr-SGD/pg1"] == pytest.approx([0.1, 0.05, 0.025])
+    assert monitor.lrs["lr-SGD/pg2"] == pytest.approx([0.001, 0.0005])  # added at 0.001, then halved by the StepLR
+    assert monitor.lrs["lr-Adam"] == pytest.approx([0.01] * 3)
+
+
 @pytest.mark.parametrize(
     ("options", "reason"),
     [

@@ -52,7 +52,7 @@ class Tuner:
                                      "method='fit' is valid.")  # fmt: skip
         _check_arguments(train_dataloaders, val_dataloaders, dataloaders, method)
         self._refuse_configured(LearningRateFinder)
-        if update_attr:
+        if update_attr and not self._trainer.fast_dev_run:  # under fast_dev_run the finder only warns
             attr_name = _lr_attribute(model, attr_name)
         finder = LearningRateFinder(min_lr=min_lr, max_lr=max_lr, num_training_steps=num_training, mode=mode,
                                     early_stop_threshold=early_stop_threshold, update_attr=update_attr,

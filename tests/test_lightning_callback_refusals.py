@@ -113,3 +113,12 @@ def test_a_model_checkpoint_with_checkpointing_turned_off_is_refused(tmp_path):
     assert off.checkpoint_callback is None
     kept = make_trainer(tmp_path, callbacks=[saver])  # enable_checkpointing=True keeps the user's, adds none
     assert kept.checkpoint_callbacks == [saver]
+
+
+def test_save_last_link_on_a_url_is_refused_at_setup_called_with_lightnings_keywords(tmp_path):
+    saver = ModelCheckpoint(dirpath="memory://no-links-here", save_last="link")
+    with pytest.raises(ValueError, match="save_last='link'.* is only supported for local file paths"):
+        saver.setup(trainer=make_trainer(tmp_path), pl_module=TinyRegressor(), stage="fit")
+    local = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last="link")
+    local.setup(trainer=make_trainer(tmp_path), pl_module=TinyRegressor(), stage="fit")
+    assert local.dirpath == str(tmp_path / "ckpts")

@@ -13,7 +13,7 @@ from trainer.callbacks.callback import Callback
 from trainer.callbacks.lr_scaling import batch_scaling_factor, record_hparam, scale_learning_rates
 from trainer.callbacks.trial_steps import EvalTrialSteps, TrialSteps, TunerExit
 from trainer.strategies.errors import ConfigurationError
-from trainer.strategies.rank import rank_zero_info
+from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 
 
 _OOM_MARKERS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_SUPPORTED",
@@ -155,6 +155,13 @@ class BatchSizeFinder(Callback):
         """Search, set the result on the module/datamodule and run the stage with it: in fit with training steps
         (from ``on_fit_start``), in validate/test/predict with that stage's steps (from its start hook). As in
         Lightning, a subclass may call it from another hook (e.g. ``on_train_epoch_start`` to search again)."""
+        if trainer.fast_dev_run:  # as in Lightning: no search, no result, the quick check goes on
+            rank_zero_warn("Skipping batch size scaler since `fast_dev_run` is enabled: fast_dev_run runs only a few "
+                           "batches to check the code; the batch size is unchanged.")
+            self.optimal_batch_size = None
+            if self._early_exit:
+                raise TunerExit()
+            return
         stage = str(trainer.state.fn)
         loader = trainer.train_dataloader if stage == "fit" else _single_eval_loader(trainer, stage)
         old = getattr(loader, "batch_size", None)

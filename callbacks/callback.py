@@ -1,4 +1,5 @@
-"""The ``Callback`` base: hooks that mirror the TrainModule's, each receiving ``(trainer, module, ...)``.
+"""The ``Callback`` base: hooks that mirror the TrainModule's, each receiving ``(trainer, pl_module, ...)``
+(Lightning's parameter names, so a hook called with keywords works as on Lightning).
 
 The Trainer looks up once which hooks a callback overrides and calls only those, so an unimplemented
 hook costs nothing. Callbacks talk to the Trainer only through the members written down in
@@ -51,127 +52,127 @@ class Callback:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
 
-    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Called when fit/validate/test/predict begins, after the strategy is ready."""
 
-    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Called when fit/validate/test/predict ends."""
 
-    def on_fit_start(self, trainer: Any, module: Any) -> None:
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """Called at the very beginning of fit."""
 
-    def on_fit_end(self, trainer: Any, module: Any) -> None:
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         """Called at the very end of fit."""
 
-    def on_sanity_check_start(self, trainer: Any, module: Any) -> None:
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
         """Called before the sanity validation batches."""
 
-    def on_sanity_check_end(self, trainer: Any, module: Any) -> None:
+    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
         """Called after the sanity validation batches."""
 
-    def on_train_start(self, trainer: Any, module: Any) -> None:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Called when the training loop begins."""
 
-    def on_train_end(self, trainer: Any, module: Any) -> None:
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Called when the training loop ends."""
 
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """Called at the start of each training epoch."""
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         """Called at the end of each training epoch (after its validation)."""
 
-    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         """Called before ``training_step``."""
 
-    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Called after the micro-batch (and the optimizer step, when the window completed)."""
 
-    def on_before_backward(self, trainer: Any, module: Any, loss: "Tensor") -> None:
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: "Tensor") -> None:
         """Called before ``backward`` with the (accumulation-scaled) loss."""
 
-    def on_after_backward(self, trainer: Any, module: Any) -> None:
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         """Called after ``backward``; gradients may still be scaled under 16-mixed."""
 
-    def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: "Optimizer") -> None:
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: "Optimizer") -> None:
         """Called before the optimizer step with true (unscaled), not-yet-clipped gradients."""
 
-    def on_before_zero_grad(self, trainer: Any, module: Any, optimizer: "Optimizer") -> None:
+    def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: "Optimizer") -> None:
         """Called after the optimizer step, before gradients are cleared."""
 
-    def on_validation_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         """Called when a validation run begins."""
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """Called when a validation run ends; epoch metrics are final here."""
 
-    def on_validation_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """Called at the start of a validation epoch."""
 
-    def on_validation_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         """Called at the end of a validation epoch."""
 
     def on_validation_batch_start(
-        self, trainer: Any, module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         """Called before ``validation_step``."""
 
     def on_validation_batch_end(
-        self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         """Called after ``validation_step``."""
 
-    def on_test_start(self, trainer: Any, module: Any) -> None:
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
         """Called when a test run begins."""
 
-    def on_test_end(self, trainer: Any, module: Any) -> None:
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
         """Called when a test run ends."""
 
-    def on_test_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_test_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """Called at the start of the test epoch."""
 
-    def on_test_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_test_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         """Called at the end of the test epoch."""
 
     def on_test_batch_start(
-        self, trainer: Any, module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         """Called before ``test_step``."""
 
     def on_test_batch_end(
-        self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         """Called after ``test_step``."""
 
-    def on_predict_start(self, trainer: Any, module: Any) -> None:
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
         """Called when a predict run begins."""
 
-    def on_predict_end(self, trainer: Any, module: Any) -> None:
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
         """Called when a predict run ends."""
 
-    def on_predict_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_predict_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """Called at the start of the predict epoch."""
 
-    def on_predict_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         """Called at the end of the predict epoch."""
 
     def on_predict_batch_start(
-        self, trainer: Any, module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         """Called before ``predict_step``."""
 
     def on_predict_batch_end(
-        self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         """Called after ``predict_step``."""
 
-    def on_save_checkpoint(self, trainer: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         """Called when a checkpoint dict is being built; may add entries to it."""
 
-    def on_load_checkpoint(self, trainer: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         """Called when a checkpoint is restored."""
 
-    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Called when fit/validate/test/predict raises (including KeyboardInterrupt)."""
 
 

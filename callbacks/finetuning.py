@@ -21,8 +21,9 @@ Modules = Union[nn.Module, Iterable[Any]]
 
 
 def multiplicative(epoch: int) -> float:
-    """The default ``lambda_func`` of :class:`BackboneFinetuning`: the backbone's rate grows by 1.5x per epoch."""
-    return 1.5
+    """The default ``lambda_func`` of :class:`BackboneFinetuning`: the backbone's rate doubles every epoch (as in
+    Lightning)."""
+    return 2.0
 
 
 class BaseFinetuning(Callback):
@@ -122,20 +123,31 @@ class BaseFinetuning(Callback):
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if trainer.strategy.strategy_name == "deepspeed":
-            raise ConfigurationError(f"{type(self).__name__}: DeepSpeed builds its optimizer once, so parameter "
-                                     "groups cannot be added during the fit. Use another strategy.")  # fmt: skip
         self._trainer = trainer
         self.freeze_before_training(pl_module)
+        if trainer.strategy.strategy_name == "deepspeed":  # Lightning's type and words
+            raise NotImplementedError(f"The Finetuning callback does not support running with the DeepSpeed strategy "
+                                      f"({type(self).__name__}): DeepSpeed builds its optimizer once, so parameter "
+                                      "groups cannot be added during the fit. Choose a different strategy or disable "
+                                      "the callback.")  # fmt: skip
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        names = {param: name for name, param in pl_module.named_parameters()}
         for index, optimizer in enumerate(trainer.optimizers):
+            before = len(optimizer.param_groups)
             self.finetune_function(pl_module, trainer.current_epoch, optimizer)
-            self._groups[index] = [
-                {**{k: v for k, v in group.items() if k != "params"}, "params": [names[p] for p in group["params"]]}
-                for group in optimizer.param_groups
-            ]
+            self._remember_groups(pl_module, index, optimizer, before)
+
+    def _remember_groups(self, pl_module: Any, index: int, optimizer: Optimizer, before: int) -> None:
+        """As Lightning keeps them: every group at the first epoch, then only the groups added since, each with
+        the hyperparameters it had when it was added (the optimizer's own state holds the current ones)."""
+        known = self._groups.get(index)
+        if known is not None and before == len(optimizer.param_groups):
+            return
+        added = optimizer.param_groups if known is None else optimizer.param_groups[before:]
+        names = {param: name for name, param in pl_module.named_parameters()}
+        groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": [names[p] for p in group["params"]]}
+                  for group in added]  # fmt: skip
+        self._groups.setdefault(index, []).extend(groups)
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizers' parameter groups (parameters by name), so a resumed fit has the groups it had."""
@@ -211,7 +223,9 @@ class BackboneFinetuning(BaseFinetuning):
         super().setup(trainer, pl_module, stage)
 
     def freeze_before_training(self, pl_module: Any) -> None:
-        self.freeze(pl_module.backbone, train_bn=self.train_bn)
+        # As in Lightning, the backbone's BatchNorm layers stay trainable whatever ``train_bn`` says: it only decides
+        # whether their parameters join the backbone's group when it is unfrozen.
+        self.freeze(pl_module.backbone)
 
     def finetune_function(self, pl_module: Any, epoch: int, optimizer: Optimizer) -> None:
         current_lr = optimizer.param_groups[0]["lr"]
@@ -229,5 +243,5 @@ class BackboneFinetuning(BaseFinetuning):
             return
         self.previous_backbone_lr = backbone_lr
         if self.verbose:
-            rank_zero_info("Current lr: %s, backbone lr: %s", round(current_lr, self.rounding),
+            rank_zero_info("Current lr: %s, Backbone lr: %s", round(current_lr, self.rounding),
                            round(backbone_lr, self.rounding))  # fmt: skip

@@ -13,6 +13,7 @@ from trainer.callbacks.host import training_batches
 from trainer.callbacks.lr_scaling import record_hparam, scale_learning_rates
 from trainer.callbacks.trial_steps import TrialSteps, TunerExit
 from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_warn
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,13 @@ class LearningRateFinder(Callback):
     def on_fit_start(self, trainer: Any, module: Any) -> None:
         if trainer.global_step > 0:
             return  # resumed: keep the run's learning rate
+        if trainer.fast_dev_run:  # as in Lightning: no search, no result, the quick check goes on
+            rank_zero_warn("Skipping learning rate finder since `fast_dev_run` is enabled: fast_dev_run runs only a "
+                           "few batches to check the code, too few for the range test; the learning rate is unchanged.")
+            self.optimal_lr = None
+            if self._early_exit:
+                raise TunerExit()
+            return
         self.run(trainer, module)
         if trainer.is_global_zero:
             self.save(trainer.log_dir)

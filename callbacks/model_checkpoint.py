@@ -146,34 +146,37 @@ class ModelCheckpoint(Callback):
         return self._every_n_epochs
 
     # ------------------------------------------------------------------ hooks
-    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if not self._dirpath_given:
             self.dirpath = _folder(storage.join(trainer.log_dir, "checkpoints"))
         self.dirpath = trainer.strategy.broadcast(self.dirpath)  # the folder rank 0 writes to, on every rank
+        if self.save_last == "link" and storage.is_remote(self.dirpath):  # Lightning's type and words
+            raise ValueError(f"`ModelCheckpoint(save_last='link')` is only supported for local file paths, got "
+                             f"`dirpath={self.dirpath}`: a URL's store has no links. Use save_last=True there.")
 
-    def on_train_start(self, trainer: Any, module: Any) -> None:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._last_time_checked = time.monotonic()
         self._validated = False
 
-    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if not (self._every_n_train_steps or self._train_time_interval) or self._skip(trainer):
             return
         every = self._every_n_train_steps
         if (every and trainer.global_step % every == 0) or (self._train_time_interval and self._time_is_up(trainer)):
             self._save_all(trainer, top_k=True)
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if not self._skip(trainer) and self._saves_on_train_epoch_end(trainer):
             self._save_all(trainer, top_k=self._epoch_is_due(trainer), last_if_saved=True)
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.sanity_checking or trainer.state_stage != "fit":
             return
         self._validated = True
         if not self._skip(trainer) and not self._saves_on_train_epoch_end(trainer):
             self._save_all(trainer, top_k=self._epoch_is_due(trainer), last_if_saved=True)
 
-    def on_train_end(self, trainer: Any, module: Any) -> None:
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         # As Lightning: saves on the schedule only (every_n_epochs=2 over 5 epochs writes epochs 1 and 3), and
         # ``last`` once if nothing was saved during the fit (save_top_k=0, say).
         if not self._skip(trainer):
@@ -199,7 +202,7 @@ class ModelCheckpoint(Callback):
             "self.log(...), monitor a metric that is logged, or pass save_last=True to keep the final weights."
         )
 
-    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if not self.save_on_exception or self._skip(trainer):
             return
         if trainer.world_size > 1:  # a save is a collective, and the other processes may not have raised

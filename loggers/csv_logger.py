@@ -3,11 +3,13 @@ in ``save_dir/name/version_N``. Needs nothing beyond the standard library (and P
 from __future__ import annotations
 
 import csv
+import io
 import os
 from typing import Any, Optional, Union
 
 from trainer.loggers.log_files import log_write_error, write_text_atomically
 from trainer.loggers.run_folder import FolderLogger, plain_value, save_hparams_yaml
+from trainer.strategies.checkpoint import storage
 from trainer.strategies.rank import rank_zero_only, rank_zero_warn
 
 
@@ -74,7 +76,7 @@ class CSVLogger(FolderLogger):
     @property
     def metrics_file_path(self) -> str:
         """Path of ``metrics.csv``."""
-        return os.path.join(self.log_dir, ExperimentWriter.NAME_METRICS_FILE)
+        return storage.join(self.log_dir, ExperimentWriter.NAME_METRICS_FILE)
 
     @property
     def experiment(self) -> ExperimentWriter:
@@ -85,11 +87,11 @@ class CSVLogger(FolderLogger):
             self._experiment = ExperimentWriter(self)
             log_dir = self.log_dir
             rank = rank_zero_only.rank  # type: ignore[attr-defined]
-            if rank == 0 and os.path.isdir(log_dir) and os.listdir(log_dir):
+            if rank == 0 and storage.isdir(log_dir) and storage.listdir(log_dir):
                 rank_zero_warn(f"Experiment logs directory {log_dir} exists and is not empty. Previous log files in "
                                "this directory will be deleted when the new ones are saved!")  # fmt: skip
-                if os.path.isfile(self.metrics_file_path):  # this run's rows start a new file, as Lightning's
-                    os.remove(self.metrics_file_path)
+                if storage.isfile(self.metrics_file_path):  # this run's rows start a new file, as Lightning's
+                    _remove(self.metrics_file_path)
         return self._experiment
 
     @rank_zero_only
@@ -110,7 +112,7 @@ class CSVLogger(FolderLogger):
         if self._experiment is None:
             self.experiment  # noqa: B018 - made on first use, as Lightning's
         self._hparams.update(params or {})
-        save_hparams_yaml(os.path.join(self._folder.create(), "hparams.yaml"), self._hparams)
+        save_hparams_yaml(storage.join(self._folder.create(), "hparams.yaml"), self._hparams)
         if metrics:
             self.log_metrics(metrics, 0)
 
@@ -127,8 +129,9 @@ class CSVLogger(FolderLogger):
                 if key not in known:
                     known.add(key)
                     columns.append(key)
-        path = os.path.join(self._folder.create(), "metrics.csv")
-        if columns == self._columns and os.path.exists(path):
+        path = storage.join(self._folder.create(), "metrics.csv")
+        remote = storage.is_remote(path)  # object stores cannot append: the file is rewritten whole there
+        if columns == self._columns and not remote and os.path.exists(path):
             try:
                 with open(path, "a", newline="", encoding="utf-8") as fh:
                     csv.DictWriter(fh, fieldnames=columns).writerows(rows)
@@ -136,7 +139,9 @@ class CSVLogger(FolderLogger):
                 raise log_write_error(err, path) from None
             return
         previous: list[dict[str, Any]] = []
-        if self._columns and os.path.exists(path):
+        if self._columns and remote and storage.exists(path):
+            previous = list(csv.DictReader(io.StringIO(storage.read_bytes(path).decode("utf-8"), newline="")))
+        elif self._columns and os.path.exists(path):
             with open(path, newline="", encoding="utf-8") as fh:
                 previous = list(csv.DictReader(fh))
 
@@ -153,3 +158,11 @@ class CSVLogger(FolderLogger):
     def finalize(self, status: str) -> None:
         """Write what is buffered."""
         self.save()
+
+
+def _remove(path: str) -> None:
+    """Delete the file at ``path`` (an fsspec URL or a local path)."""
+    if storage.is_remote(path):
+        storage.remove(path)
+    else:
+        os.remove(path)

@@ -7,11 +7,13 @@ reuses); the temporary is removed when the write fails.
 """
 from __future__ import annotations
 
+import io
 import os
 import threading
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from trainer.strategies.checkpoint import storage
 from trainer.strategies.checkpoint.checkpoint_io import temporary_name
 
 
@@ -42,7 +44,17 @@ def log_write_error(err: OSError, path: Any, what: str = "log file") -> LogWrite
 
 def write_text_atomically(path: str, write: Callable[[TextIO], None], newline: str | None = None) -> None:
     """Call ``write`` on a temporary beside ``path`` and rename it over ``path``: readers see the old file or the new
-    one. A failed write removes the temporary and raises :class:`LogWriteError` naming ``path``."""
+    one. A failed write removes the temporary and raises :class:`LogWriteError` naming ``path``. On an fsspec URL the
+    text is uploaded under a temporary name and copied into place (:func:`storage.remote_atomic_write`)."""
+    if storage.is_remote(path):
+        text = io.StringIO(newline=newline)
+        write(text)
+        try:
+            with storage.remote_atomic_write(path) as fh:
+                fh.write(text.getvalue().encode("utf-8"))
+        except OSError as err:
+            raise log_write_error(err, path) from None
+        return
     target = Path(path)
     tmp = temporary_name(target)
     try:

@@ -6,13 +6,19 @@ import re
 from typing import Any, Callable, Mapping, Optional, Union
 
 from trainer.loggers.logger import Logger
+from trainer.strategies.checkpoint import storage
 from trainer.strategies.rank import rank_zero_only
 
 _VERSION = re.compile(r"^version_(\d+)$")
 
 
 def next_version(root: Union[str, os.PathLike]) -> int:
-    """One more than the highest ``version_N`` folder under ``root`` (0 when there is none)."""
+    """One more than the highest ``version_N`` folder under ``root`` (0 when there is none); ``root`` may be an
+    fsspec URL."""
+    if storage.is_remote(root):
+        names = [storage.name(entry) for entry in storage.listdir(root) if storage.isdir(entry)]
+        found = [int(m.group(1)) for m in map(_VERSION.match, names) if m]
+        return max(found) + 1 if found else 0
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -23,7 +29,12 @@ def next_version(root: Union[str, os.PathLike]) -> int:
 
 def claim_version(root: Union[str, os.PathLike]) -> int:
     """Create the next free ``root/version_N`` and return ``N``. ``mkdir`` is the claim: of two runs started at
-    once on the same root, one gets ``version_N`` and the other, finding it made, takes ``N + 1``."""
+    once on the same root, one gets ``version_N`` and the other, finding it made, takes ``N + 1``. On an fsspec URL
+    the folder is made without that guarantee (object stores have no exclusive create)."""
+    if storage.is_remote(root):
+        version = next_version(root)
+        storage.makedirs(storage.join(root, f"version_{version}"))
+        return version
     os.makedirs(root, exist_ok=True)
     version = next_version(root)
     while True:
@@ -53,7 +64,7 @@ class RunFolder:
     @property
     def root(self) -> str:
         """``save_dir/name`` (``save_dir`` when the name is empty)."""
-        return os.path.join(self.save_dir, self.name) if self.name else self.save_dir
+        return storage.join(self.save_dir, self.name) if self.name else self.save_dir
 
     @property
     def version(self) -> Union[int, str]:
@@ -70,7 +81,7 @@ class RunFolder:
     def path(self) -> str:
         """This run's folder: ``root/version_N`` (or ``root/<version>`` for a string version)."""
         version = self.version
-        return os.path.join(self.root, version if isinstance(version, str) else f"version_{version}")
+        return storage.join(self.root, version if isinstance(version, str) else f"version_{version}")
 
     def __getstate__(self) -> dict:
         self.version  # noqa: B018 - resolve now: a spawned rank must not pick a different version
@@ -80,7 +91,7 @@ class RunFolder:
         """Make the folder (global rank 0 only) and return its path."""
         path = self.path
         if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
-            os.makedirs(path, exist_ok=True)
+            storage.makedirs(path)
         return path
 
 
@@ -103,7 +114,8 @@ def share_versions(loggers: list[Logger]) -> None:
     for logger in loggers:
         folder = getattr(logger, "_folder", None)
         if isinstance(folder, RunFolder) and folder._version is None:
-            groups.setdefault(os.path.realpath(folder.root), []).append(folder)
+            key = folder.root if storage.is_remote(folder.root) else os.path.realpath(folder.root)
+            groups.setdefault(key, []).append(folder)
     for folders in groups.values():
         for folder in folders:
             folder._siblings = folders
@@ -140,7 +152,7 @@ class FolderLogger(Logger):
     def root_dir(self) -> str:
         """The folder holding every version of this experiment, ``save_dir/name`` (``save_dir`` without a name),
         as Lightning's."""
-        return os.path.join(self.save_dir, self.name) if self.name else self.save_dir
+        return storage.join(self.save_dir, self.name) if self.name else self.save_dir
 
 
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -181,6 +193,6 @@ def save_hparams_yaml(path: str, params: Mapping[str, Any]) -> None:
 
     from trainer.loggers.log_files import write_text_atomically
 
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    storage.makedirs(storage.parent(path) or ".")
     data = plain(dict(params))
     write_text_atomically(path, lambda fh: yaml.safe_dump(data, fh, sort_keys=False))

@@ -13,6 +13,7 @@ from trainer import ConfigurationError, DataModule, Trainer, TrainModule
 from trainer.callbacks import (
     BackboneFinetuning,
     BaseFinetuning,
+    Callback,
     EarlyStopping,
     EarlyStoppingReason,
     LearningRateMonitor,
@@ -86,6 +87,56 @@ def test_learning_rate_monitor_names_groups_and_schedulers_and_refuses_duplicate
                 callbacks=[LearningRateMonitor()]).fit(Clashing(), data())  # fmt: skip
 
 
+class TwoOptimizers(LitModel):
+    """Manual optimisation with an Adam on everything and an SGD (with a scheduler) on the head only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        for optimizer in self.optimizers():
+            self.manual_backward(F.mse_loss(self(batch[0]), batch[1]))
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def on_train_epoch_end(self):
+        self.lr_schedulers().step()
+
+    def configure_optimizers(self):
+        adam = torch.optim.Adam(filter(lambda p: p.requires_grad, self.parameters()), lr=0.01)
+        sgd = torch.optim.SGD(self.head.parameters(), lr=0.1)
+        return [adam, sgd], [torch.optim.lr_scheduler.StepLR(sgd, step_size=1, gamma=0.5)]
+
+
+class AddsBackboneToSGD(BaseFinetuning):
+    def freeze_before_training(self, pl_module):
+        self.freeze(pl_module.backbone)
+
+    def finetune_function(self, pl_module, epoch, optimizer):
+        if epoch == 1 and isinstance(optimizer, torch.optim.SGD):
+            self.unfreeze_and_add_param_group(pl_module.backbone, optimizer, lr=0.001)
+
+
+def test_learning_rate_monitor_names_optimizers_with_a_scheduler_first_and_follows_added_groups(tmp_path):
+    seen: list[list[str]] = []
+
+    class Names(Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            seen.append(list(monitor.lrs))
+
+    monitor = LearningRateMonitor(logging_interval="epoch")
+    trainer(tmp_path, logger=CSVLogger(tmp_path), max_epochs=3,
+            callbacks=[AddsBackboneToSGD(), monitor, Names()]).fit(TwoOptimizers(), data())  # fmt: skip
+    # the scheduled SGD comes first although configure_optimizers returned it second
+    assert seen[0] == ["lr-SGD", "lr-Adam"]
+    # once the SGD has two groups its rates go under /pg1 and /pg2, its history moving to /pg1 (at the end)
+    assert seen[1] == seen[2] == ["lr-Adam", "lr-SGD/pg1", "lr-SGD/pg2"]
+    assert monitor.lrs["lr-SGD/pg1"] == pytest.approx([0.1, 0.05, 0.025])
+    assert monitor.lrs["lr-SGD/pg2"] == pytest.approx([0.001, 0.0005])  # added at 0.001, then halved by the StepLR
+    assert monitor.lrs["lr-Adam"] == pytest.approx([0.01] * 3)
+
+
 @pytest.mark.parametrize(
     ("options", "reason"),
     [
@@ -141,7 +192,8 @@ def test_the_simple_profiler_times_the_datamodule_hooks_under_lightnings_names(t
 
     assert FromLightningsPath is SimpleProfiler
     checkpoints = ModelCheckpoint(dirpath=tmp_path)
-    first = trainer(tmp_path, max_steps=1, profiler="simple", callbacks=[checkpoints])
+    first = trainer(tmp_path, max_steps=1, profiler="simple", callbacks=[checkpoints],
+                    enable_checkpointing=True)
     first.fit(LitModel(), datamodule=ShardedData())
     durations = first.profiler.recorded_durations
     for hook in ("prepare_data", "setup", "state_dict", "teardown"):
@@ -173,8 +225,8 @@ def test_backbone_finetuning_unfreezes_at_its_epoch_and_resumes_with_the_added_g
     frozen = model.backbone[0].weight.clone()
     run.fit(model, data())
     assert len(run.optimizers[0].param_groups) == 2
-    # epoch 2 raised it to 1.5 x 0.01; StepLR then halves every group, the added one too (as in Lightning)
-    assert run.optimizers[0].param_groups[1]["lr"] == pytest.approx(0.01 * 1.5 * 0.5)
+    # epoch 2 doubled it (Lightning's default lambda_func); StepLR then halves every group, the added one too
+    assert run.optimizers[0].param_groups[1]["lr"] == pytest.approx(0.01 * 2 * 0.5)
     assert not torch.equal(model.backbone[0].weight, frozen)  # trained once unfrozen
 
     first_epoch = LitModel()
@@ -187,9 +239,70 @@ def test_backbone_finetuning_unfreezes_at_its_epoch_and_resumes_with_the_added_g
     rerun = trainer(tmp_path / "c", max_epochs=3, callbacks=[again])
     rerun.fit(resumed, data(), ckpt_path=tmp_path / "ckpt" / "epoch=1.ckpt")  # saved after the group was added
     assert len(rerun.optimizers[0].param_groups) == 2
-    assert again.previous_backbone_lr == pytest.approx(0.01 * 1.5)
+    assert again.previous_backbone_lr == pytest.approx(0.01 * 2)
     for key, value in model.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], value), key
+
+
+class RecordsRates(Callback):
+    """After the fine-tuning callback: each epoch's (rest, backbone) learning rates, backbone None while frozen."""
+
+    def __init__(self) -> None:
+        self.rates: list[tuple[float, float | None]] = []
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        groups = trainer.optimizers[0].param_groups
+        self.rates.append((groups[0]["lr"], groups[1]["lr"] if len(groups) > 1 else None))
+
+
+class HeadOnly(LitModel):
+    def configure_optimizers(self):  # the head only, as Lightning's example: the callback adds the backbone
+        optimizer = torch.optim.SGD(self.head.parameters(), lr=0.1)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)]
+
+
+@pytest.mark.parametrize(("options", "backbone"), [
+    # the default: 0.1 x the rest's rate at the unfreeze epoch, doubled every epoch, then held to the rest's rate
+    ({}, [None, None, 0.1 * 0.7 ** 2 * 0.1, 0.1 * 0.7 ** 2 * 0.1 * 2, 0.1 * 0.7 ** 2 * 0.1 * 4, 0.1 * 0.7 ** 5]),
+    (dict(backbone_initial_lr=0.001, lambda_func=lambda epoch: 1.0 + epoch / 10),
+     [None, None, 0.001, 0.001 * 1.4, 0.001 * 1.4 * 1.5, 0.001 * 1.4 * 1.5 * 1.6]),
+    (dict(backbone_initial_ratio_lr=0.5, should_align=False),
+     [None, None, 0.1 * 0.7 ** 2 * 0.5, 0.1 * 0.7 ** 2, 0.1 * 0.7 ** 2 * 2, 0.1 * 0.7 ** 2 * 4]),
+])  # fmt: skip
+def test_backbone_finetuning_learning_rates_per_epoch_are_lightnings(tmp_path, options, backbone):
+    recorder = RecordsRates()
+    run = trainer(tmp_path, max_epochs=6, limit_val_batches=0,
+                  callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=2, **options), recorder])  # fmt: skip
+    run.fit(HeadOnly(), data())
+    assert [rest for rest, _ in recorder.rates] == pytest.approx([0.1 * 0.7 ** epoch for epoch in range(6)])
+    assert [lr for _, lr in recorder.rates] == [pytest.approx(lr) if lr is not None else None for lr in backbone]
+
+
+@pytest.mark.parametrize("train_bn", [True, False])
+def test_backbone_finetuning_train_bn_decides_whether_batchnorm_joins_the_backbone_group(tmp_path, train_bn):
+    model = HeadOnly()
+    run = trainer(tmp_path, max_epochs=2, limit_val_batches=0,
+                  callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=1, train_bn=train_bn)])  # fmt: skip
+    run.fit(model, data())
+    batchnorm = set(model.backbone[1].parameters())
+    added = run.optimizers[0].param_groups[1]["params"]
+    assert set(model.backbone[0].parameters()) <= set(added)
+    assert bool(batchnorm & set(added)) is train_bn
+    # as in Lightning, freezing the backbone leaves its BatchNorm trainable either way
+    fresh = HeadOnly()
+    BackboneFinetuning(train_bn=train_bn).freeze_before_training(fresh)
+    assert all(p.requires_grad for p in fresh.backbone[1].parameters())
+    assert not any(p.requires_grad for p in fresh.backbone[0].parameters())
+
+
+def test_base_finetuning_state_keeps_each_group_as_it_was_added(tmp_path):
+    finetuning = BackboneFinetuning(unfreeze_backbone_at_epoch=1, backbone_initial_lr=0.01)
+    trainer(tmp_path, max_epochs=3, limit_val_batches=0, callbacks=[finetuning]).fit(HeadOnly(), data())
+    groups = finetuning.state_dict()["internal_optimizer_metadata"][0]
+    assert [group["params"] for group in groups] == [
+        ["head.weight", "head.bias"], ["backbone.0.weight", "backbone.0.bias", "backbone.1.weight", "backbone.1.bias"]]
+    assert [group["lr"] for group in groups] == [0.1, 0.01]  # the rates they started with, not today's
+    assert finetuning.state_dict()["previous_backbone_lr"] == pytest.approx(min(0.02, 0.1 * 0.7 ** 2))
 
 
 def test_base_finetuning_must_be_implemented_and_backbone_must_exist(tmp_path):
@@ -243,3 +356,10 @@ def test_lightnings_other_callback_arguments_are_taken(tmp_path):
     assert BatchSizeFinder(mode="binsearch", margin=0.05, max_memory_mb=1).margin == 0.05
     with pytest.raises(ConfigurationError, match="margin"):
         BatchSizeFinder(margin=1.5)
+
+
+def test_finetuning_under_deepspeed_is_refused_as_lightning_refuses_it():
+    pytest.importorskip("deepspeed")
+    run = Trainer(accelerator="cpu", strategy="deepspeed", logger=False, enable_checkpointing=False)
+    with pytest.raises(NotImplementedError, match="does not support running with the DeepSpeed strategy"):
+        BackboneFinetuning().setup(run, LitModel(), stage="fit")

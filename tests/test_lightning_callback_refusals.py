@@ -100,3 +100,25 @@ def test_tuner_and_monitor_refusals_keep_lightnings_phrases(tmp_path):
     quiet = make_trainer(tmp_path, max_epochs=1, callbacks=[LearningRateMonitor()])
     with pytest.raises(MisconfigurationException, match="`Trainer` that has no logger"):
         quiet.fit(TinyRegressor(), train, val)
+
+
+def test_a_model_checkpoint_with_checkpointing_turned_off_is_refused(tmp_path):
+    saver = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss")
+    with pytest.raises(MisconfigurationException, match="`enable_checkpointing=False` but found `ModelCheckpoint`"):
+        make_trainer(tmp_path, callbacks=[saver], enable_checkpointing=False)
+    with pytest.raises(MisconfigurationException, match="found `ModelCheckpoint`"):  # barebones turns it off too
+        make_trainer(tmp_path, callbacks=[saver], barebones=True, enable_progress_bar=None, enable_model_summary=None,
+                     logger=None)  # fmt: skip
+    off = make_trainer(tmp_path, callbacks=[], enable_checkpointing=False)
+    assert off.checkpoint_callback is None
+    kept = make_trainer(tmp_path, callbacks=[saver])  # enable_checkpointing=True keeps the user's, adds none
+    assert kept.checkpoint_callbacks == [saver]
+
+
+def test_save_last_link_on_a_url_is_refused_at_setup_called_with_lightnings_keywords(tmp_path):
+    saver = ModelCheckpoint(dirpath="memory://no-links-here", save_last="link")
+    with pytest.raises(ValueError, match="save_last='link'.* is only supported for local file paths"):
+        saver.setup(trainer=make_trainer(tmp_path), pl_module=TinyRegressor(), stage="fit")
+    local = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last="link")
+    local.setup(trainer=make_trainer(tmp_path), pl_module=TinyRegressor(), stage="fit")
+    assert local.dirpath == str(tmp_path / "ckpts")

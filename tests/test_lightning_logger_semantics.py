@@ -205,3 +205,22 @@ def test_clashing_module_and_datamodule_hparams_are_refused(tmp_path):
     with pytest.raises(RuntimeError, match=r"Error while merging hparams: the keys \['lr'\]"):
         Trainer(default_root_dir=tmp_path, accelerator="cpu", max_epochs=1, logger=RecordingLogger(),
                 enable_progress_bar=False).fit(LitRegressor(), datamodule=Data())  # fmt: skip
+
+
+def test_csv_logger_writes_to_an_fsspec_url(tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    root = f"memory://{tmp_path.name}-csv"
+    fs, _ = fsspec.core.url_to_fs(root)
+    first = CSVLogger(save_dir=root, flush_logs_every_n_steps=3)
+    trainer = fit(tmp_path, LitRegressor(), first, enable_checkpointing=False)
+    assert first.log_dir == f"{root}/logs/version_0" and trainer.log_dir == first.log_dir
+    with fs.open(f"{first.log_dir}/metrics.csv", "r") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [row["step"] for row in rows if row["train_loss"]] == ["0", "1", "2", "3"]  # every flush kept
+    assert sum(1 for row in rows if row["val_loss"]) == 2  # the column added later, earlier rows left empty
+    assert fs.isfile(f"{first.log_dir}/hparams.yaml")
+    second = CSVLogger(save_dir=root)
+    second.log_metrics({"loss": 0.5}, step=0)
+    second.save()
+    assert second.version == 1 and fs.isfile(f"{root}/logs/version_1/metrics.csv")
+    assert not os.path.exists("memory:")  # nothing went to a local folder named after the URL

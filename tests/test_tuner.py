@@ -80,6 +80,9 @@ def test_lr_find_refuses_a_module_without_a_learning_rate_and_a_second_finder(tm
             del self.hparams["lr"]
 
         def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     with pytest.raises(ConfigurationError, match="`lr` or `learning_rate`"):
@@ -118,11 +121,25 @@ def test_scale_batch_size_returns_the_largest_that_fits_and_sets_it(tmp_path):
     assert Tuner(make_trainer(tmp_path)).scale_batch_size(LitModel()) == 64
 
 
-def test_the_tuner_skips_both_searches_with_a_warning_under_fast_dev_run(tmp_path):
+def test_under_fast_dev_run_both_searches_are_skipped_with_lightnings_warning(tmp_path):
+    counter = CountsTraining()
+    trainer = Trainer(accelerator="cpu", devices=1, default_root_dir=tmp_path, fast_dev_run=True, max_epochs=2,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[counter])  # fmt: skip
     model = LitModel(lr=0.1, batch_size=8)
-    tuner = Tuner(Trainer(default_root_dir=tmp_path, fast_dev_run=True, accelerator="cpu", logger=False))
-    with pytest.warns(UserWarning, match="Skipping learning rate finder since `fast_dev_run` is enabled"):
-        assert tuner.lr_find(model) is None
-    with pytest.warns(UserWarning, match="Skipping batch size scaler since `fast_dev_run` is enabled"):
-        assert tuner.scale_batch_size(model) is None
-    assert (model.hparams.lr, model.hparams.batch_size) == (0.1, 8)  # nothing was searched or set
+    with pytest.warns(UserWarning, match="Skipping learning rate finder since `fast_dev_run` is enabled."):
+        assert Tuner(trainer).lr_find(model) is None
+    with pytest.warns(UserWarning, match="Skipping batch size scaler since `fast_dev_run` is enabled."):
+        assert Tuner(trainer).scale_batch_size(model) is None
+    assert (model.hparams.lr, model.hparams.batch_size) == (0.1, 8)  # untouched
+    assert counter.batches == 0  # the Tuner's fits end without training
+
+    class NoRate(LitModel):  # nothing to set a suggestion on: skipped all the same, as in Lightning
+        def __init__(self):
+            super().__init__()
+            del self.hparams["lr"]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    with pytest.warns(UserWarning, match="Skipping learning rate finder"):
+        assert Tuner(trainer).lr_find(NoRate()) is None

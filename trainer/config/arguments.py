@@ -271,7 +271,11 @@ def build_callbacks(
     if enable_checkpointing and not has_checkpoint:
         defaults.append(ModelCheckpoint())
     if not enable_checkpointing and has_checkpoint:
-        warnings.warn("enable_checkpointing=False but a ModelCheckpoint callback was passed; it is kept.", stacklevel=3)
+        raise ConfigurationError(
+            "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list: "
+            "the flag turns checkpointing off, the callback asks for it. Drop enable_checkpointing=False to keep "
+            "the ModelCheckpoint, or drop the callback."
+        )
     return checkpoints_last(defaults + user)
 
 

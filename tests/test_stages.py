@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from trainer.callbacks import Callback
+from trainer.plugins import MixedPrecision
 from helpers import Regressor, loader, quiet_trainer, regression_data
 from trainer import DataModule, TrainModule, seed_everything
 
@@ -46,7 +47,7 @@ def test_predict_returns_outputs_in_order():
     assert [len(group) for group in two] == [2, 1]
 
 
-def test_training_step_returning_none_skips_the_step_and_does_not_count():
+def test_training_step_returning_none_skips_the_backward_but_the_step_still_counts():
     class SkipsOdd(Regressor):
         def training_step(self, batch, batch_idx):
             loss = super().training_step(batch, batch_idx)
@@ -54,8 +55,10 @@ def test_training_step_returning_none_skips_the_step_and_does_not_count():
 
     module = SkipsOdd()
     trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
-    trainer.fit(module, loader(n=48, batch_size=8))
-    assert trainer.global_step == 3
+    with pytest.warns(UserWarning, match="`training_step` returned `None`. If this was on purpose") as record:
+        trainer.fit(module, loader(n=48, batch_size=8))
+    assert trainer.global_step == 6  # as in Lightning: the batches that returned None took an (empty) step too
+    assert sum("returned `None`" in str(w.message) for w in record) == 1  # once
 
     class SkipsAll(Regressor):
         def training_step(self, batch, batch_idx):
@@ -64,9 +67,101 @@ def test_training_step_returning_none_skips_the_step_and_does_not_count():
     module = SkipsAll()
     before = copy.deepcopy(module.state_dict())
     trainer = quiet_trainer(max_epochs=1, accumulate_grad_batches=2)
-    trainer.fit(module, loader(n=32, batch_size=8))
-    assert trainer.global_step == 0
+    with pytest.warns(UserWarning, match="without a single optimizer step"):
+        trainer.fit(module, loader(n=32, batch_size=8))
+    assert trainer.global_step == 2  # one per accumulation window, over no gradients
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+class HalvingEveryStep(TrainModule):
+    """A Lightning user's module: SGD with a step-interval StepLR; ``training_step`` returns None on the batches
+    in ``skip``; it records the step hooks and what ``on_train_batch_end`` gets."""
+
+    def __init__(self, skip: tuple[int, ...]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(4, 1)
+        self.skip = skip
+        self.calls: list[tuple[str, int]] = []
+        self.outputs: list = []
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx in self.skip:
+            return None
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        self.calls.append(("optimizer_step", batch_idx))
+        optimizer.step(closure=optimizer_closure)
+
+    def on_before_optimizer_step(self, optimizer):
+        self.calls.append(("on_before_optimizer_step", self.trainer.global_step))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.outputs.append(outputs)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def by_hand(skip: tuple[int, ...], accumulate: int, batches: list) -> nn.Linear:
+    """What Lightning's loop does, written out: the loss of each batch not in ``skip`` (divided by ``accumulate``)
+    goes backward; every window ends with an SGD step and a halving of the learning rate."""
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    for i, (x, y) in enumerate(batches):
+        if i not in skip:
+            (nn.functional.mse_loss(layer(x), y) / accumulate).backward()
+        if (i + 1) % accumulate == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+    return layer
+
+
+def test_a_step_that_returns_none_still_runs_the_step_hooks_and_schedulers_as_in_lightning():
+    data = loader(n=32, batch_size=8)
+    module = HalvingEveryStep(skip=(1, 2))
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0)
+    trainer.fit(module, data)
+    assert trainer.global_step == 4
+    assert [c for c in module.calls if c[0] == "optimizer_step"] == [("optimizer_step", i) for i in range(4)]
+    assert [c for c in module.calls if c[0] == "on_before_optimizer_step"] == [
+        ("on_before_optimizer_step", i) for i in range(4)]
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**4)  # stepped on every batch
+    assert module.outputs[1] == {} and module.outputs[2] == {} and set(module.outputs[0]) == {"loss"}
+    reference = by_hand((1, 2), 1, list(data))
+    assert torch.allclose(module.layer.weight, reference.weight) and torch.allclose(module.layer.bias, reference.bias)
+
+
+@pytest.mark.parametrize("skip", [(1,), (0, 1)], ids=["the-window-had-a-loss", "every-step-returned-none"])
+def test_a_window_ending_with_none_steps_over_what_it_accumulated(skip):
+    data = loader(n=32, batch_size=8)
+    module = HalvingEveryStep(skip=skip)
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0, accumulate_grad_batches=2)
+    trainer.fit(module, data)
+    assert trainer.global_step == 2
+    assert [c for c in module.calls if c[0] == "optimizer_step"] == [("optimizer_step", 1), ("optimizer_step", 3)]
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**2)
+    reference = by_hand(skip, 2, list(data))
+    assert torch.allclose(module.layer.weight, reference.weight) and torch.allclose(module.layer.bias, reference.bias)
+
+
+def test_under_16_mixed_a_step_that_returns_none_runs_the_hook_but_not_the_scaler():
+    module = HalvingEveryStep(skip=(1, 2))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)  # small enough that no real step overflows
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=0, precision=MixedPrecision("16-mixed", scaler=scaler),
+                            gradient_clip_val=1.0)  # fmt: skip
+    trainer.fit(module, loader(n=48, batch_size=8))
+    assert trainer.global_step == 6 and trainer.skipped_steps == 0
+    assert scaler.state_dict()["_growth_tracker"] == 4  # as in Lightning, only the 4 steps with a loss updated the scaler
+    assert len([c for c in module.calls if c[0] == "on_before_optimizer_step"]) == 6
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**6)
 
 
 class TwoOptimizers(TrainModule):

@@ -4,9 +4,10 @@ The rule (docs/troubleshooting.md): ``fit()`` warns when
 
 - it starts on a Trainer whose loop is already done (a second ``fit()`` after ``max_epochs``/``max_steps`` was
   reached): it continues from where the first one ended, as in Lightning, so it trains nothing; or
-- it ends normally with no optimizer step taken (an empty training dataloader, a ``training_step`` that
-  returns ``None`` every time, manual optimisation that never steps). ``limit_train_batches=0`` asks for
-  exactly that, so it is quiet.
+- it ends normally with no optimizer step over a loss (an empty training dataloader, a ``training_step`` that
+  returns ``None`` every time, manual optimisation that never steps). A window whose every ``training_step``
+  returned ``None`` still takes an (empty) optimizer step, as in Lightning; those steps do not count here.
+  ``limit_train_batches=0`` asks for exactly that, so it is quiet.
 
 Both are read once per fit from the progress counters: nothing is added to the per-step path.
 """
@@ -33,9 +34,11 @@ def warn_if_already_done(trainer: Any) -> bool:
 
 
 def warn_if_no_step(trainer: Any, steps_before: int, batches_before: int) -> None:
-    """At the normal end of a fit: warn when it took no optimizer step although training was asked for."""
+    """At the normal end of a fit: warn when it took no optimizer step over a loss although training was asked for
+    (the empty steps of windows whose ``training_step`` returned ``None`` do not count)."""
     progress = trainer.fit_loop.progress
-    if progress.global_step != steps_before or trainer.limit_train_batches == 0:
+    empty_steps = getattr(trainer._optimization, "empty_steps", 0)  # this fit's; manual optimisation has none
+    if progress.global_step - empty_steps != steps_before or trainer.limit_train_batches == 0:
         return
     batches = progress.total_batches - batches_before
     if batches == 0:

@@ -8,6 +8,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.rank import rank_zero_warn
 from trainer.strategies.strategy import Strategy
 from trainer.module.overrides import implements, overrides
 from trainer.module.train_module import TrainModule
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def extract_loss(output: Any) -> Optional[Tensor]:
-    """The loss in ``training_step``'s return value, or ``None`` to skip; anything else is an error."""
+    """The loss in ``training_step``'s return value, or ``None`` (no backward); anything else is an error."""
     if isinstance(output, Tensor):
         if output.ndim == 0:  # the usual scalar loss: nothing more to check
             return output
@@ -34,7 +35,7 @@ def extract_loss(output: Any) -> Optional[Tensor]:
     else:
         raise ConfigurationError(
             f"training_step returned {type(output).__name__} {output!r:.120}; in automatic optimisation it must "
-            "return a loss tensor, a dict with a 'loss' key, or None to skip the optimizer step for this batch."
+            "return a loss tensor, a dict with a 'loss' key, or None to skip the backward for this batch."
         )
     if not isinstance(loss, Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
@@ -136,6 +137,12 @@ class AutomaticOptimization:
         # Several ranks, and a training_step that can return None: the ranks agree on a skip (skip_agreement).
         self.agree_skips = trainer.world_size > 1 and can_return_none(type(module).training_step)
         self.window_has_loss = False
+        # The global step at the last training_step that returned None: equal to the current one while the window
+        # has one. A window without a loss but with a None still takes its (empty) step, as in Lightning.
+        self.none_at = -1
+        #: Steps of windows whose every training_step returned None, in this fit (fit_outcome counts the others).
+        self.empty_steps = 0
+        self._warned_none = False
         self.guard = trainer._faults.guard
         self.loss_check: Optional[Callable[[Tensor], Optional[Tensor]]] = None  # set by runner()
         # on_train_batch_end gets {"loss": detached loss, **other keys} as in Lightning; built only if it is used.
@@ -188,6 +195,8 @@ class AutomaticOptimization:
         if window_end:
             if self.window_has_loss and self.optimizer is not None:
                 self.step()
+            elif self.none_at == self.progress.global_step and self.optimizer is not None:
+                self.empty_step()
             self.window_has_loss = False
         return output
 
@@ -210,12 +219,15 @@ class AutomaticOptimization:
         strategy = self.strategy
         output = strategy.training_step(batch, batch_idx) if self.pass_batch_idx else strategy.training_step(batch)
         loss = extract_loss(output)
-        if self.agree_skips and agree_on_skip(strategy, loss is None, self.progress):
-            return output  # every rank skips this micro-batch
-        if self.report_outputs and loss is not None:
-            output = _outputs_with_loss(output, loss)
-        if loss is not None and self.loss_check is not None:
-            loss = self.loss_check(loss)
+        if self.agree_skips:  # raises unless every rank returned a loss, or every rank None
+            agree_on_skip(strategy, loss is None, self.progress)
+        if loss is None:
+            output = self._returned_none(output)
+        else:
+            if self.report_outputs:
+                output = _outputs_with_loss(output, loss)
+            if self.loss_check is not None:
+                loss = self.loss_check(loss)
         if self.zero_before_backward and batch_idx % self.accumulate == 0 and self.optimizer is not None:
             self.zero_grad(batch_idx)  # the window's first micro-batch, as in Lightning's closure
         self.last_loss = loss
@@ -243,6 +255,8 @@ class AutomaticOptimization:
         output = self._training_step(batch, batch_idx)
         loss = output if output.__class__ is Tensor and not output.ndim else extract_loss(output)
         if loss is None:
+            output = self._returned_none(output)
+            self.empty_step()
             return output
         if self.report_outputs:
             output = _outputs_with_loss(output, loss)
@@ -266,6 +280,32 @@ class AutomaticOptimization:
         if not self.zero_before_backward:
             self.optimizer.zero_grad(set_to_none=True)  # nobody sees when: free the gradients before the next forward
         self.counter.after_step(stepped)
+
+    def _returned_none(self, output: Any) -> Any:
+        """``training_step`` returned ``None``: as in Lightning, warn once and run no backward; the window's step is
+        still taken. Returns what ``on_train_batch_end`` gets (Lightning's ``{}`` when anything reads it)."""
+        if not self._warned_none:
+            self._warned_none = True
+            rank_zero_warn("`training_step` returned `None`. If this was on purpose, ignore this warning...")
+        self.none_at = self.progress.global_step
+        return {} if self.report_outputs else output
+
+    def empty_optimizer_step(self, **kwargs: Any) -> None:
+        """The optimizer step of a window whose every ``training_step`` returned ``None``, as Lightning takes it:
+        ``on_before_optimizer_step``, clipping and the optimizer's step over whatever gradients there are (none).
+        Under a gradient scaler (16-mixed) only the hook runs: Lightning skips the scaler's step when the closure
+        gave no loss (and unscaling no gradients would mark the next real step's as already unscaled)."""
+        self.empty_steps += 1
+        scaler = getattr(self.strategy.precision, "scaler", None)
+        if scaler is None or not scaler.is_enabled():
+            self.strategy.optimizer_step(self.optimizer, self._before_step, **kwargs)
+        elif self.before_optimizer_step is not None:
+            self.before_optimizer_step(self.optimizer)
+
+    def empty_step(self) -> None:
+        """:meth:`empty_optimizer_step`, counted as a step: ``global_step`` goes up, step-interval schedulers step."""
+        self.empty_optimizer_step()
+        self.counter.after_step(True)
 
     def zero_grad(self, batch_idx: int) -> None:
         """``on_before_zero_grad`` then ``optimizer_zero_grad`` (the module's, or ``zero_grad(set_to_none=True)``)."""
@@ -384,13 +424,16 @@ class AutomaticOptimizer(OptimizerWrapper):
         return self._automatic.optimizer
 
     def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> None:
-        """Run ``closure`` (if given), then step through the strategy; no step when no ``training_step`` of the
-        accumulation window returned a loss."""
+        """Run ``closure`` (if given), then step through the strategy; when the window's ``training_step`` calls
+        returned ``None`` and no loss, the empty step Lightning takes (no step when there was neither)."""
         if closure is not None:
             closure()
         automatic = self._automatic
         if automatic.window_has_loss:
             self._stepped = automatic.strategy.optimizer_step(automatic.optimizer, automatic._before_step, **kwargs)
+        elif automatic.none_at == automatic.progress.global_step:
+            automatic.empty_optimizer_step(**kwargs)
+            self._stepped = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients."""

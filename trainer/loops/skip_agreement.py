@@ -1,11 +1,12 @@
-"""``training_step`` returning ``None`` (skip this batch) under several ranks: every rank must skip together.
+"""``training_step`` returning ``None`` (no backward for this batch) under several ranks: every rank must do so together.
 
 A rank that skips runs no backward, so it misses the gradient all-reduce the other ranks run: the collectives no
 longer pair up and the job hangs or aborts far from the cause. Where a skip is possible, that is where
 ``training_step``'s source can return ``None`` (a ``return None``, a bare ``return``, or an end it can fall off),
 the ranks agree on it before the backward: one tiny all-gather per micro-batch, and a host read of it. Every rank
-then skips together, or all raise the same error naming the ranks that skipped. A ``training_step`` that always
-returns a value pays nothing.
+then skips the backward together (and takes the window's empty optimizer step together, as Lightning counts it),
+or all raise the same error naming the ranks that skipped. A ``training_step`` that always returns a value pays
+nothing.
 """
 from __future__ import annotations
 

@@ -45,8 +45,13 @@ class ProgressBar(Callback):
 
     @property
     def total_val_batches(self) -> Union[int, float]:
-        """Validation batches of all validation dataloaders together."""
-        return sum(self.trainer.num_val_batches)
+        """Validation batches of all validation dataloaders together; 0 in an epoch that ``check_val_every_n_epoch``
+        leaves without validation (as Lightning's)."""
+        trainer = self.trainer
+        every_n = trainer.check_val_every_n_epoch
+        if every_n is not None and not trainer.sanity_checking and (trainer.current_epoch + 1) % every_n:
+            return 0
+        return sum(trainer.num_val_batches)
 
     def _current(self, batches: list[float]) -> Union[int, float]:
         return batches[self._current_eval_dataloader_idx or 0] if batches else 0

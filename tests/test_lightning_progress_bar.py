@@ -99,3 +99,17 @@ def test_own_progress_bar_replaces_the_default(tmp_path):
     trainer.fit(Regressor(), data(), data())
     assert bar.trainer is trainer
     assert bar.lines == ["33% Training", "67% Training", "100% Training", "Validation of 2"]
+
+
+def test_total_val_batches_is_zero_in_epochs_that_do_not_validate(tmp_path):
+    seen = []
+
+    class Records(Regressor):
+        def on_train_epoch_end(self):
+            seen.append(self.trainer.progress_bar_callback.total_val_batches)
+
+    trainer = Trainer(accelerator="cpu", default_root_dir=tmp_path, max_epochs=4, check_val_every_n_epoch=2,
+                      limit_val_batches=2, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                      enable_model_summary=False)  # fmt: skip
+    trainer.fit(Records(), data(), data())
+    assert seen == [0, 2, 0, 2]  # a bar sizing itself for validation sees none in epochs 0 and 2

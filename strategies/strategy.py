@@ -89,6 +89,11 @@ class Strategy:
             self._root_device = devices[0]
 
     # ------------------------------------------------------------------ topology
+    #: Whether a fit reads its checkpoint only after ``configure_optimizers`` (Lightning's strategy property of this
+    #: name): where reading it needs the optimizers (DeepSpeed's engine, the optimizer shards of a sharded folder).
+    #: Otherwise the module's and callbacks' state come first, in Lightning's order.
+    restore_checkpoint_after_setup: bool = False
+
     @property
     def root_device(self) -> torch.device:
         """The device this process computes on."""

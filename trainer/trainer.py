@@ -343,8 +343,12 @@ class Trainer:
             # Lightning's order: the module's and callbacks' state before configure_optimizers, the optimizers'
             # and schedulers' after on_fit_start (see trainer.loops.fit_loop).
             ckpt_path = auto_resume.fit_ckpt_path(self, ckpt_path)  # "auto" in a restarted job
-            restoring = ckpt_path is not None and self._checkpoint.restore_modules_and_callbacks(ckpt_path)
+            after_setup = self.strategy.restore_checkpoint_after_setup  # reading it needs the optimizers
+            restoring = (ckpt_path is not None and not after_setup
+                         and self._checkpoint.restore_modules_and_callbacks(ckpt_path))  # fmt: skip
             self._setup_optimizers(model)
+            if ckpt_path is not None and after_setup:
+                restoring = self._checkpoint.restore_modules_and_callbacks(ckpt_path)
             if not restoring:
                 fit_outcome.warn_if_already_done(self)  # a second fit() on a finished Trainer
             warn_modules_in_eval_mode(model)  # each submodule keeps its own mode, as in Lightning

@@ -354,6 +354,7 @@ class ShardedCheckpointIO:
     """
 
     state_dict_type: str = "sharded"
+    restore_checkpoint_after_setup: bool = True  # a folder's optimizer shards load into the optimizers' templates
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
         """A folder written by every rank, or (``"full"``) one file written by global rank 0."""

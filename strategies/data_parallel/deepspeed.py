@@ -68,6 +68,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     strategy_name = "deepspeed"
     is_sharded = True
+    restore_checkpoint_after_setup = True  # DeepSpeed's engine, made with the optimizer, reads its folders
 
     def __init__(
         self,

@@ -9,9 +9,10 @@ the step counts is the per-step work: set-up, the first-call costs and the fit's
     python benchmarks/instructions.py                 # tiny workload, 50 and 350 steps (about ten minutes)
     python benchmarks/instructions.py --long 350      # more steps: less noise from the allocator's state
 
-Needs valgrind (``apt install valgrind``). The per-step count moves by up to ~10 K instructions between runs of the
-same code, almost all of it in pybind11's registry of torch objects (a hash-table lookup whose cost follows the heap's
-layout); the second figure leaves that function out and moves by ~1-2 K.
+Needs valgrind (``apt install valgrind``). Each run uses ``PYTHONHASHSEED=0``: with random string hashes, dict probe
+lengths (and so the count) move by ~10 K instructions a step between runs of the same code. The rest of the noise is
+pybind11's registry of torch objects (a hash-table lookup whose cost follows the heap's layout); the second figure
+leaves that function out.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def count(side: str, steps: int, workdir: str) -> tuple[int, int]:
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
          sys.executable, __file__, "--child", side, str(steps)],
         check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONHASHSEED": "0"},  # string hashes, hence dict probe lengths, the same every run
     )  # fmt: skip
     total = registry = 0
     for path in Path(workdir).glob(f"{side}-{steps}.out*"):  # one file per dump (callgrind_control may add some)

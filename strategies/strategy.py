@@ -150,6 +150,20 @@ class Strategy:
     def _init_device(self) -> torch.device:
         return self.root_device
 
+    def build_module(self, module: nn.Module, build: Callable[[], None],
+                     check_init: bool = False) -> Optional[dict[str, torch.Tensor]]:  # fmt: skip
+        """Run ``build`` (``configure_model()`` and the root's ``init_weights()``) in :meth:`module_init_context`;
+        a build on ``meta`` that cannot be replayed exactly is redone eagerly
+        (:func:`trainer.strategies.speed.module_build.build_module`). With ``check_init``, returns the eager
+        one-device build's tensors by name, for :func:`~trainer.strategies.speed.init_check.verify_initial_weights`."""
+        from trainer.strategies.speed.deferred_init import module_init_context
+        from trainer.strategies.speed.module_build import build_module
+
+        def eager(device: torch.device) -> ContextManager:
+            return module_init_context(device, self.precision, None, meta=False)
+
+        return build_module(module, build, self.module_init_context, eager, self._init_device(), check_init)
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Convert the module for the precision, move it to the device and wrap it. Returns the runner."""
         materialize_on(module, self.root_device)

@@ -24,8 +24,9 @@ from trainer.strategies.accelerators import Accelerator, accelerator_for
 from trainer.strategies.connector import build_strategy
 from trainer.strategies.speed.activation_checkpointing import apply_activation_checkpointing, check_block_classes
 from trainer.strategies.speed.compile import check_compile
+from trainer.strategies.speed.init_check import verify_initial_weights
 from trainer.strategies.errors import AutomaticOptimizationError, ConfigurationError
-from trainer.strategies.rank import PossibleUserWarning, rank_zero_warn
+from trainer.strategies.rank import PossibleUserWarning, rank_zero_info, rank_zero_warn
 from trainer.strategies.strategy import Strategy
 from trainer.data import loaders as data_utils
 from trainer.checkpoint import auto_resume
@@ -33,7 +34,7 @@ from trainer.checkpoint.data_position import set_sampler_epoch
 from trainer.data.combined_loader import CombinedLoader
 from trainer.faults import slurm_requeue
 from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
-                                      checkpoints_last, resolve_max_epochs, validate_arguments, with_max_time)
+                                      check_init_setting, checkpoints_last, resolve_max_epochs, validate_arguments, with_max_time)
 from trainer.checkpoint.connector import CheckpointConnector
 from trainer.module.datamodule import DataModule
 from trainer.data.distributed import balance_training_batches
@@ -130,6 +131,7 @@ class Trainer:
         compile: Union[bool, dict[str, Any], None] = None,
         activation_checkpointing: Union[str, type, list[Union[str, type]], None] = None,
         profiler: Union[str, Profiler, None] = None,
+        check_init: Optional[bool] = None,
     ) -> None:
         settings = validate_arguments(dict(
             max_epochs=max_epochs, min_epochs=min_epochs, max_steps=max_steps, min_steps=min_steps,
@@ -162,6 +164,10 @@ class Trainer:
         self.sync_batchnorm = bool(sync_batchnorm)
         self.compile = check_compile(compile)
         self.activation_checkpointing = check_block_classes(activation_checkpointing)
+        #: Build configure_model() eagerly once more and compare every rank's materialised tensors with it
+        #: (``TRAINER_CHECK_INIT=1`` sets it for every Trainer of a run).
+        self.check_init = check_init_setting(check_init)
+        self._init_reference: Optional[dict[str, torch.Tensor]] = None
         self.profiler: Optional[Profiler] = build_profiler(profiler)
         if seed is not None:
             seed_everything(seed)
@@ -449,7 +455,7 @@ class Trainer:
             if datamodule is not None:
                 datamodule.setup(stage=stage)
             self._call_hook("setup", stage=stage)
-            configure_model_once(model, self.strategy)
+            self._init_reference = configure_model_once(model, self.strategy, self.check_init)
             self._metrics.reset()  # each stage starts without the metrics of the one before, as in Lightning
             yield
             self._checkpoint.finish_writes()  # an asynchronous save still in flight, and its error
@@ -605,6 +611,10 @@ class Trainer:
             apply_activation_checkpointing(model, self.activation_checkpointing)
         before = precision_dtype.undo_earlier_conversion(model, self.strategy.precision)  # e.g. 64-true, then 32-true
         self.strategy.setup_module(model)
+        if self._init_reference is not None:
+            reference, self._init_reference = self._init_reference, None
+            compared = verify_initial_weights(model, reference)
+            rank_zero_info("check_init: the %d tensors of this rank equal the eager one-device build", compared)
         precision_dtype.remember_conversion(model, before, self.strategy.precision)
         if self.compile is not None:
             module = self.strategy.module if self.strategy.module is not None else model

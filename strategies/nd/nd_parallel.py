@@ -34,7 +34,6 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from trainer.strategies.speed.deferred_init import has_meta_tensors, materialize
-from trainer.strategies.speed.init_recording import record_init_weights
 from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.data_parallel.fsdp import FSDPStrategy, _Root, wrap_targets
@@ -190,8 +189,6 @@ class NDParallelStrategy(FSDPStrategy):
                     "configure_model called fully_shard on the whole module, but under pipeline parallel each rank "
                     "keeps one stage of it first. Shard only blocks (or nothing) and let the strategy shard the stage."
                 )
-            if deferred:  # init_weights() draws for the whole model, before the cut, so every layout draws the same
-                record_init_weights(module)
             stage = layout.coordinates(self.global_rank)["pp"]
             self._all_names = keep_stage(module, stage, layout.pp)
             self._other_stages = set(self._all_names) - {name for name, _ in module.named_parameters()}

@@ -8,9 +8,10 @@ which uses :func:`module_init_context` here:
   initialisation the module's code performs is recorded (:mod:`trainer.strategies.speed.init_recording`). The
   strategy shards (``fully_shard``, ``parallelize_module``, pipeline stages), then :func:`materialize` gives each
   rank storage for its own shards (``to_empty``) and replays the recorded initialisation, keeping each rank's
-  shards: the weights one device would have, bit for bit, on every layout. Then the root's ``init_weights()``
-  runs if it defines one (torchtitan's convention). With ``empty_init=True`` nothing is recorded: the module is
-  initialised by ``init_weights()``, else every submodule's ``reset_parameters()`` (Lightning's contract);
+  shards: the weights one device would have, bit for bit, on every layout (the Trainer's build includes the
+  root's ``init_weights()``, see :mod:`trainer.strategies.speed.module_build`). With ``empty_init=True`` nothing
+  is recorded: the module is initialised by ``init_weights()``, else every submodule's ``reset_parameters()``
+  (Lightning's contract);
 - other strategies build on their device in the precision's dtype ("bf16-true": no float32 copy first);
   ``empty_init=True`` there skips ``torch.nn.init`` (the weights are about to be loaded from a checkpoint).
 """
@@ -38,29 +39,39 @@ class SkipInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def module_init_context(device: torch.device, precision: Any, empty_init: Optional[bool], meta: bool) -> ContextManager:
-    """Where new modules' tensors go: ``meta`` (``meta=True``; recording the initialisation the code performs unless
-    ``empty_init`` is true), else ``device`` with ``torch.nn.init`` skipped when ``empty_init`` is true; in both,
-    floating tensors get the precision's weight dtype."""
+class _InitContext(contextlib.ExitStack):
+    """The contexts a module is built in; ``recording`` is the :class:`~trainer.strategies.speed.init_recording.
+    Recording` of a build on ``meta`` (``None`` when nothing is recorded)."""
+
+    recording: Any = None
+
+
+def module_init_context(device: torch.device, precision: Any, empty_init: Optional[bool], meta: bool) -> _InitContext:
+    """Where new modules' tensors go: ``meta`` (``meta=True``; recording the initialisation the code performs, as
+    it would run on ``device``, unless ``empty_init`` is true), else ``device`` with ``torch.nn.init`` skipped when
+    ``empty_init`` is true; in both, floating tensors get the precision's weight dtype."""
     if empty_init is not None and not isinstance(empty_init, bool):
         raise ConfigurationError(f"empty_init={empty_init!r} must be True, False or None.")
-    stack = contextlib.ExitStack()
+    stack = _InitContext()
     stack.enter_context(torch.device("meta") if meta else torch.device(device))
     stack.enter_context(precision.init_context())
     if empty_init and not meta:
         stack.enter_context(SkipInit())
+    elif not meta:  # a build that shards while building (configure_model's TP plan) draws full tensors, as one device
+        stack.enter_context(FullTensorInit())
     if meta and not empty_init:  # remember the module's own initialisation, replayed by materialize()
         from trainer.strategies.speed.init_recording import InitRecorder
 
-        stack.enter_context(InitRecorder())
+        recorder = InitRecorder(device)
+        stack.recording = recorder.recording
+        stack.enter_context(recorder)
     return stack
 
 
 def has_meta_tensors(module: nn.Module) -> bool:
     """True when any parameter or buffer of ``module`` (or its local shard) is on the ``meta`` device."""
     for tensor in itertools.chain(module.parameters(), module.buffers()):
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        if local.is_meta:
+        if _local(tensor).is_meta:
             return True
     return False
 
@@ -69,28 +80,53 @@ def _owns_tensors(module: nn.Module) -> bool:
     return next(itertools.chain(module.parameters(recurse=False), module.buffers(recurse=False)), None) is not None
 
 
-def materialize(module: nn.Module, device: torch.device, seed: Optional[int] = None) -> bool:
+def materialize(module: nn.Module, device: torch.device) -> bool:
     """Give the ``meta`` tensors of ``module`` storage on ``device`` and initialise them; False if there were none.
 
     Runs after sharding, so each rank allocates only its shards. A module built while a sharded strategy recorded
-    its construction (``configure_model``, ``Trainer.init_module()``) gets the values its own code computes, bit
-    for bit as on one device (:mod:`trainer.strategies.speed.init_recording`), then ``init_weights()`` if the
-    root defines one (torchtitan's convention). Otherwise (built with ``empty_init=True`` or on ``meta`` by hand)
-    ``init_weights()`` or every submodule's ``reset_parameters()`` initialises it, and a submodule holding tensors
-    without one is an error (its memory would stay uninitialised). Either way every ``torch.nn.init`` call and
-    in-place random fill on a sharded tensor draws the full tensor, identically on every rank, and keeps the local
-    shard: the weights do not depend on the layout. ``seed``: initialise under this seed (the caller's random
-    state is restored afterwards).
+    its construction (``configure_model`` with the root's ``init_weights()``, ``Trainer.init_module()``) gets the
+    values its own code computes, bit for bit as on one device (:mod:`trainer.strategies.speed.init_recording`).
+    Otherwise (built with ``empty_init=True`` or on ``meta`` by hand) the root's ``init_weights()`` or every
+    submodule's ``reset_parameters()`` initialises it, each ``torch.nn.init`` call and in-place random fill on a
+    sharded tensor drawing the full tensor and keeping the local shard, so the weights do not depend on the layout.
+    Tensors that were real before (built outside ``meta``, loaded) keep their values. Either way every element of
+    every tensor must be written (:class:`~trainer.strategies.speed.init_coverage.WriteCoverage`), else the error
+    names the tensor: nothing trains on whatever memory held.
     """
-    from trainer.strategies.speed.init_recording import forget, origins_of, replay
+    from trainer.strategies.speed.init_coverage import WriteCoverage
+    from trainer.strategies.speed.init_recording import forget, origins_of, replay, undefined_regions
 
     if not has_meta_tensors(module):
         return False
     origins = origins_of(module)
-    meta_names = [name for name, tensor in _named_tensors(module) if _local(tensor).is_meta]
-    recorded = bool(meta_names) and all(name in origins for name in meta_names)
+    named = _unique_named_tensors(module)
+    meta_names = [name for name, tensor in named if _local(tensor).is_meta]
+    recorded = [name for name in meta_names if name in origins]
+    if recorded and len(recorded) < len(meta_names):
+        outside = [name for name in meta_names if name not in origins]
+        raise ConfigurationError(
+            f"{outside[:3]} are meta tensors made outside the recorded build of the rest of the module (e.g. a "
+            "submodule built by hand on the meta device, then put into a module built in configure_model), so "
+            "nothing says what they hold. Build them inside configure_model / trainer.init_module() too, or build "
+            "the whole module with empty_init=True and initialise it in init_weights()."
+        )
+    recordings = {id(origins[name][0]): origins[name][0] for name in recorded}
     init_weights = getattr(module, "init_weights", None)
-    if not recorded and not callable(init_weights):
+    if recorded:
+        from trainer.strategies.speed.init_recording import unhonoured_error
+
+        for recording in recordings.values():
+            if recording.unhonoured:
+                raise unhonoured_error(recording)
+        undefined = undefined_regions({name: origins[name] for name in recorded})
+        if undefined:
+            raise ConfigurationError(
+                f"{undefined[:3]} are never wholly written by the code that builds them (made with torch.empty, "
+                "empty_like or new_empty and not filled everywhere): on one device they would hold whatever memory "
+                "held, differently on each run. Create them with torch.zeros / torch.ones / a computation, or fill "
+                "them (nn.init.*, .zero_()) in the build."
+            )
+    elif not callable(init_weights):
         missing = sorted({type(sub).__name__ for sub in module.modules()
                           if _owns_tensors(sub) and not callable(getattr(sub, "reset_parameters", None))})  # fmt: skip
         if missing:
@@ -100,30 +136,101 @@ def materialize(module: nn.Module, device: torch.device, seed: Optional[int] = N
                 "uninitialised. Give them reset_parameters(), define init_weights() on the module to initialise "
                 "everything, or build eagerly with trainer.init_module(empty_init=False)."
             )
+    kept = {name: _local(tensor).detach() for name, tensor in named if not _local(tensor).is_meta}
     module.to_empty(device=device)
-    with torch.no_grad(), torch.random.fork_rng(devices=[], enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
-        if recorded:
-            tensors = dict(_named_tensors(module))
-            by_recording: dict[int, tuple[Any, dict]] = {}
-            for name in meta_names:
-                recording, ref = origins[name]
-                targets = by_recording.setdefault(id(recording), (recording, {}))[1]
-                targets.setdefault(ref.key, []).append((ref, _writer(tensors[name])))
-            for recording, targets in by_recording.values():
-                replay(recording, targets, device)
-            forget(module)
-            if all(recording.init_weights_recorded for recording, _ in by_recording.values()):
-                init_weights = None  # replayed with the rest (record_init_weights)
-        with FullTensorInit():
-            if callable(init_weights):
-                init_weights()
-            elif not recorded:
-                for sub in module.modules():
-                    if _owns_tensors(sub):
-                        sub.reset_parameters()
+    tensors = dict(_unique_named_tensors(module))
+    locals_ = {name: _local(tensor) for name, tensor in tensors.items()}
+    if not recorded:  # an init that reads what it did not write reads NaN, and is caught below
+        with torch.no_grad():
+            for local in locals_.values():
+                if local.is_floating_point() or local.is_complex():
+                    local.fill_(float("nan"))
+    by_recording: dict[int, tuple[Any, dict]] = {}
+    for name in recorded:  # a tied weight is one tensor: written once, under its first name
+        recording, ref = origins[name]
+        targets = by_recording.setdefault(id(recording), (recording, {}))[1]
+        targets.setdefault(ref.key, []).append((ref, _writer(tensors[name])))
+    for recording, _ in by_recording.values():
+        share_draws(recording, device)
+    coverage = WriteCoverage(locals_)
+    with torch.no_grad(), coverage:
+        for name, value in kept.items():
+            locals_[name].copy_(value)
+        for recording, targets in by_recording.values():
+            replay(recording, targets, device)
+        if not recorded:
+            with FullTensorInit():
+                if callable(init_weights):
+                    init_weights()
+                else:
+                    for sub in module.modules():
+                        if _owns_tensors(sub):
+                            sub.reset_parameters()
+    forget(module)
+    unwritten = coverage.unwritten()
+    if unwritten:
+        how = ("its recorded build" if recorded else
+               "init_weights()" if callable(init_weights) else "the reset_parameters() of its layers")  # fmt: skip
+        raise ConfigurationError(
+            f"After deferred initialisation {unwritten[:3]} were not (wholly) written by {how}: they would hold "
+            "whatever memory held. Initialise every parameter and buffer there (a buffer computed in __init__ is "
+            "not recomputed by reset_parameters(): compute it in init_weights()), or build eagerly with "
+            "trainer.init_module(empty_init=False)."
+        )
+    if not recorded:
+        with torch.no_grad():
+            nan = [name for name, local in locals_.items()
+                   if (local.is_floating_point() or local.is_complex()) and bool(torch.isnan(local).any())]  # fmt: skip
+        if nan:
+            raise ConfigurationError(
+                f"After deferred initialisation {nan[:3]} hold NaN: the initialisation read memory it had not "
+                "written yet (or wrote NaN). Write each tensor before reading it in init_weights()/reset_parameters()."
+            )
     return True
+
+
+def _unique_named_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Each parameter and buffer once (a tied weight under its first name)."""
+    return list(itertools.chain(module.named_parameters(), module.named_buffers()))
+
+
+def share_draws(recording: Any, device: torch.device) -> None:
+    """In a multi-process job, replay rank 0's random draws on every rank: a script that seeds each rank
+    differently (or not at all) still gets one model, the one rank 0's build describes."""
+    import torch.distributed as dist
+
+    draws = recording.draws()
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return
+    states = [[d.cpu] + ([d.device_state] if d.device_state is not None else []) + list(d.explicit.values())
+              for d in draws]  # fmt: skip
+    flat = torch.cat([s.reshape(-1) for group in states for s in group]) if states else torch.zeros(0, dtype=torch.uint8)
+    on = device if torch.device(device).type == "cuda" else torch.device("cpu")
+    digest = torch.tensor([flat.numel(), _checksum(flat)], dtype=torch.int64, device=on)
+    low, high = digest.clone(), digest.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if low[0] != high[0]:
+        raise ConfigurationError(
+            "The module's build draws random numbers a different number of times on different ranks, so no rank's "
+            "build describes the model: build the same module on every rank."
+        )
+    if torch.equal(low, high):
+        return
+    shared = flat.to(on)
+    dist.broadcast(shared, src=0)
+    shared = shared.cpu()
+    offset = 0
+    for draw, group in zip(draws, states):
+        for state in group:
+            state.copy_(shared[offset: offset + state.numel()].view_as(state))
+            offset += state.numel()
+
+
+def _checksum(flat: torch.Tensor) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(flat.numpy().tobytes(), digest_size=7).digest(), "little")
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -167,14 +167,8 @@ class GPTModule(TrainModule):
 
 
 class TitanStyleGPT(GPTModule):
-    """torchtitan's convention: ``init_weights()`` initialises the model (called by the strategy after a build on
-    ``meta``; on one device ``configure_model`` calls it itself)."""
-
-    def configure_model(self) -> None:
-        building = getattr(self, "model", None) is None
-        super().configure_model()
-        if building and not self.model.lm_head.weight.is_meta:
-            self.init_weights()
+    """torchtitan's convention: ``init_weights()`` initialises the model; the Trainer runs it after
+    ``configure_model()`` on every layout (recorded with the build on ``meta``, run eagerly on one device)."""
 
     @torch.no_grad()
     def init_weights(self) -> None:

@@ -287,3 +287,18 @@ def checkpoints_last(callbacks: list[Callback]) -> list[Callback]:
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + [
         cb for cb in callbacks if isinstance(cb, ModelCheckpoint)
     ]
+
+
+def check_init_setting(check_init: Optional[bool]) -> bool:
+    """``Trainer(check_init=...)``: a bool; ``None`` reads ``TRAINER_CHECK_INIT`` (``1``/``true``/``yes`` turn it
+    on), so a test suite or a job script can check every Trainer it starts."""
+    if check_init is None:
+        value = os.environ.get("TRAINER_CHECK_INIT", "").strip().lower()
+        if value in ("", "0", "false", "no", "off"):
+            return False
+        if value in ("1", "true", "yes", "on"):
+            return True
+        raise ConfigurationError(f"TRAINER_CHECK_INIT={value!r} must be 1, true, yes, on or 0, false, no, off.")
+    if not isinstance(check_init, bool):
+        raise ConfigurationError(f"check_init={check_init!r} must be True or False (None: TRAINER_CHECK_INIT decides).")
+    return check_init

@@ -667,12 +667,23 @@ class TrainModule(nn.Module):
         return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, overrides)
 
 
-def configure_model_once(module: TrainModule, strategy: Any) -> None:
-    """Call ``module.configure_model()`` in the strategy's init context, the first time a stage runs it."""
-    if type(module).configure_model is not TrainModule.configure_model and not module.__dict__.get("_model_configured"):
-        with strategy.module_init_context():
-            module.configure_model()
-        module.__dict__["_model_configured"] = True
+def configure_model_once(module: TrainModule, strategy: Any, check_init: bool = False) -> Optional[dict]:
+    """Build the module the first time a stage runs: ``configure_model()`` then, if the module defines it,
+    ``init_weights()`` (under ``no_grad``), in the strategy's init context (``Strategy.build_module``: on ``meta``
+    and replayed per shard under sharded strategies). Returns the eager reference tensors when ``check_init``."""
+    if type(module).configure_model is TrainModule.configure_model or module.__dict__.get("_model_configured"):
+        return None
+
+    def build() -> None:
+        module.configure_model()
+        init_weights = getattr(module, "init_weights", None)
+        if callable(init_weights):
+            with torch.no_grad():
+                init_weights()
+
+    reference = strategy.build_module(module, build, check_init)
+    module.__dict__["_model_configured"] = True
+    return reference
 
 
 def _warn_not_attached(name: str, trainer: Any) -> None:

@@ -4,11 +4,12 @@
 #   make gpu-check  on a CUDA machine: the CUDA-only tests and benchmarks/gpt.py at a GPU size (docs/performance.md)
 # TORCH=... overrides the torch requirement (default: the CPU build that installs from local disk here).
 # EXTRAS: the optional dependencies installed too, so their tests run instead of skipping: deepspeed (ZeRO on CPU
-# ranks) and s3 (fsspec, s3fs and moto's S3 server on 127.0.0.1 for the remote-checkpoint tests).
+# ranks), s3 (fsspec, s3fs and moto's S3 server on 127.0.0.1 for the remote-checkpoint tests), hf (transformers)
+# and titan (torchtitan's Llama-3) for the deferred-initialisation tests against the real libraries.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-EXTRAS ?= test,s3,deepspeed
+EXTRAS ?= test,s3,deepspeed,hf,titan
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=

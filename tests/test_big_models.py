@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from layout_support import assert_bit_identical, merged
 from test_ddp_processes import Job, clean_env
 from trainer.strategies import ConfigurationError
 
@@ -71,22 +72,6 @@ def four(started, reference) -> list[dict]:
 @pytest.fixture(scope="module")
 def two(started, reference) -> list[dict]:
     return started["two"].result().check_ok()
-
-
-def merged(reports: list[dict], layout: str) -> dict[str, torch.Tensor]:
-    """The whole model from the ranks' full tensors (each pipeline stage holds part of it)."""
-    whole: dict[str, torch.Tensor] = {}
-    for report in reports:
-        for name, value in report[layout].items():
-            assert name not in whole or torch.equal(whole[name], value), f"{layout}: ranks disagree on {name}"
-            whole[name] = value
-    return whole
-
-
-def assert_bit_identical(weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], layout: str) -> None:
-    assert sorted(weights) == sorted(expected), layout
-    for name, value in expected.items():
-        assert weights[name].dtype == value.dtype and torch.equal(weights[name], value), f"{layout}: {name} differs"
 
 
 def test_the_reference_is_the_models_own_init(reference):

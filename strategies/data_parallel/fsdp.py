@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from trainer.strategies.speed.deferred_init import has_meta_tensors, materialize
+from trainer.strategies.speed.deferred_init import materialize
 from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.launch.hang_report import DEFAULT_TRAIN_TIMEOUT_S
 from trainer.strategies.errors import ConfigurationError
@@ -183,8 +183,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         module = self.precision.convert_module(module)
-        deferred = has_meta_tensors(module)  # built on meta: every rank initialises its own shards below
-        if self.sync_module_states and self.world_size > 1 and not deferred:
+        if self.sync_module_states and self.world_size > 1:  # (a module built on meta: its real parts)
             _broadcast_states(module, self.root_device)
         options = self._shard_options(self.device_mesh)
         self._units = wrap_targets(module, self.auto_wrap_policy)
@@ -379,9 +378,12 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
 
 
 def _broadcast_states(module: nn.Module, device: torch.device, buffers_only: bool = False) -> None:
-    """Give every rank global rank 0's parameters and buffers (one tensor at a time, through ``device``)."""
+    """Give every rank global rank 0's parameters and buffers (one tensor at a time, through ``device``); tensors
+    still on ``meta`` are initialised on every rank alike later (deferred initialisation)."""
     with torch.no_grad():
         for tensor in itertools.chain(() if buffers_only else module.parameters(), module.buffers()):
+            if tensor.is_meta:
+                continue
             staged = tensor.detach().to(device)
             dist.broadcast(staged, src=0)
             if staged is not tensor:

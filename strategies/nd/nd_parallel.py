@@ -176,7 +176,7 @@ class NDParallelStrategy(FSDPStrategy):
         layout = self.layout
         module = self.precision.convert_module(module)
         deferred = has_meta_tensors(module)
-        if not deferred and self.sync_module_states and self.world_size > 1:
+        if self.sync_module_states and self.world_size > 1:  # (built on meta: its real parts)
             _broadcast_plain(module, self.root_device)  # TP's DTensors were scattered from one rank already
         if layout.pp > 1:
             if not getattr(module, "automatic_optimization", True):
@@ -363,7 +363,7 @@ def _broadcast_plain(module: nn.Module, device: torch.device) -> None:
     """Global rank 0's values for every parameter and buffer that is not a DTensor (built eagerly on each rank)."""
     with torch.no_grad():
         for tensor in itertools.chain(module.parameters(), module.buffers()):
-            if not is_dtensor(tensor):
+            if not is_dtensor(tensor) and not tensor.is_meta:
                 staged = tensor.detach().to(device)
                 dist.broadcast(staged, src=0)
                 if staged is not tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -137,7 +137,9 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
                 "everything, or build eagerly with trainer.init_module(empty_init=False)."
             )
     kept = {name: _local(tensor).detach() for name, tensor in named if not _local(tensor).is_meta}
+    ties = _tied_slots(module)
     module.to_empty(device=device)
+    _retie(ties)  # to_empty makes a new Parameter per module from meta, which unties a tied weight
     tensors = dict(_unique_named_tensors(module))
     locals_ = {name: _local(tensor) for name, tensor in tensors.items()}
     if not recorded:  # an init that reads what it did not write reads NaN, and is caught below
@@ -187,6 +189,31 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
                 "written yet (or wrote NaN). Write each tensor before reading it in init_weights()/reset_parameters()."
             )
     return True
+
+
+def _tied_slots(module: nn.Module) -> list[tuple[nn.Module, str, str, nn.Module, str]]:
+    """(owner, "_parameters"/"_buffers", name, first owner, first name) of every slot holding a tensor that an
+    earlier slot holds too (a tied weight)."""
+    first: dict[int, tuple[nn.Module, str, str]] = {}
+    ties = []
+    for owner in module.modules():
+        for kind in ("_parameters", "_buffers"):
+            for name, tensor in getattr(owner, kind).items():
+                if tensor is None:
+                    continue
+                if id(tensor) in first:
+                    first_owner, first_kind, first_name = first[id(tensor)]
+                    ties.append((owner, kind, name, first_owner, first_name))
+                else:
+                    first[id(tensor)] = (owner, kind, name)
+    return ties
+
+
+def _retie(ties: list[tuple[nn.Module, str, str, nn.Module, str]]) -> None:
+    for owner, kind, name, first_owner, first_name in ties:
+        shared = getattr(first_owner, kind)[first_name]
+        if getattr(owner, kind)[name] is not shared:
+            getattr(owner, kind)[name] = shared
 
 
 def _unique_named_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:

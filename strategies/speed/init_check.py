@@ -80,7 +80,8 @@ def _describe(name: str, local: torch.Tensor, expected: torch.Tensor) -> str:
             detail += f", largest difference {gap:.3g}"
     return (
         f"check_init: {name} after deferred initialisation differs from the eager one-device build of the same code "
-        f"({detail}). The replay did not reproduce this tensor's initialisation: please report it with the code "
-        "that builds it. Meanwhile build it with real tensors (trainer.init_module(empty_init=False)) or set "
-        "empty_init=True and initialise it in init_weights()."
+        f"({detail}). The build on the meta device did not reproduce this tensor: usually code that does something "
+        "else when it sees the meta device (it reads .is_meta or .device), else a construct the recording does not "
+        "follow (please report it with the code). Build it with real tensors (trainer.init_module(empty_init=False)), "
+        "or initialise it in init_weights(), which runs after the build on every layout."
     )

@@ -488,7 +488,7 @@ def _covers(ref: _Ref, storage: _Storage) -> bool:
 
 def _mask(storage: _Storage) -> torch.Tensor:
     if not isinstance(storage.defined, torch.Tensor):
-        storage.defined = torch.full((storage.numel,), bool(storage.defined))
+        storage.defined = torch.full((storage.numel,), bool(storage.defined), device="cpu")  # (not the build's meta)
     return storage.defined
 
 

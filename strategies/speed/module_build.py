@@ -52,7 +52,8 @@ def build_module(module: nn.Module, build: Callable[[], None], init_context: Cal
     if not _on_any_rank(bool(reason), device):
         return reference
     reason = reason or "another rank's build could not be recorded"
-    needed = _meta_bytes(module)
+    # the model's size; a build that stopped part-way may not have attached what it made: all it had made then
+    needed = _meta_bytes(module) if failure is None else max(_meta_bytes(module), _recorded_bytes(recording))
     undo.restore()
     where = _eager_device(needed, device)
     if where is None:
@@ -105,6 +106,10 @@ def _meta_bytes(module: nn.Module) -> int:
             seen.add(id(tensor))
             total += tensor.numel() * tensor.element_size()
     return total
+
+
+def _recorded_bytes(recording: Any) -> int:
+    return sum(storage.numel * storage.ref.dtype.itemsize for storage in recording.storages.values())
 
 
 def _eager_device(needed: int, device: torch.device) -> Optional[torch.device]:

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import faulthandler
 import math
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,8 +25,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Trainer, TrainModule
-from trainer.callbacks import Callback
 from trainer.strategies import FSDPStrategy, ModelParallelStrategy, NDParallelStrategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for layout_support
+from layout_support import InitialWeights, tp_mesh  # noqa: E402
 
 VOCAB, DIM, HEADS, LAYERS, SEQ = 32, 16, 2, 2, 8
 STEPS, LR = 3, 0.1
@@ -109,14 +112,6 @@ class GPT(nn.Module):
         return self.lm_head(h) if self.lm_head is not None else h
 
 
-def tp_mesh(module: TrainModule) -> Any:
-    mesh = module.device_mesh
-    for name in ("tp", "tensor_parallel"):
-        if mesh is not None and name in (mesh.mesh_dim_names or ()) and mesh[name].size() > 1:
-            return mesh[name]
-    return None
-
-
 class GPTModule(TrainModule):
     def __init__(self, split_points: Optional[list[str]] = None, vocab_parallel: bool = False) -> None:
         super().__init__()
@@ -186,18 +181,6 @@ class LossParallelGPT(GPTModule):
         from torch.distributed.tensor.parallel import loss_parallel
 
         return loss_parallel() if tp_mesh(self) is not None else contextlib.nullcontext()
-
-
-class InitialWeights(Callback):
-    """The full value of every parameter and buffer this rank holds, when training starts."""
-
-    def __init__(self) -> None:
-        self.weights: dict[str, torch.Tensor] = {}
-
-    def on_train_start(self, trainer, module):
-        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            self.weights[name] = full.detach().clone()
 
 
 def dataset() -> TensorDataset:

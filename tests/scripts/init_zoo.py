@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib.util
+import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -30,8 +32,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Trainer, TrainModule, seed_everything
-from trainer.callbacks import Callback
 from trainer.strategies import FSDPStrategy, ModelParallelStrategy, NDParallelStrategy
+from trainer.strategies.speed.init_check import InitMismatchError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for layout_support
+from layout_support import InitialWeights, tp_mesh  # noqa: E402
 
 VOCAB, DIM, LAYERS, SEQ = 32, 16, 2, 8
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -104,14 +109,6 @@ class ZooNet(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.lm_head(h) if self.lm_head is not None else h
-
-
-def tp_mesh(module: TrainModule) -> Any:
-    mesh = module.device_mesh
-    for name in ("tp", "tensor_parallel"):
-        if mesh is not None and name in (mesh.mesh_dim_names or ()) and mesh[name].size() > 1:
-            return mesh[name]
-    return None
 
 
 class Zoo(TrainModule):
@@ -265,16 +262,13 @@ class Titan(TrainModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-class InitialWeights(Callback):
-    """The full value of every parameter and buffer this rank holds, when training starts."""
+class InitsDifferentlyOnMeta(Zoo):
+    """Code that notices it is on meta and skips an init there: silently other weights, unless checked."""
 
-    def __init__(self) -> None:
-        self.weights: dict[str, torch.Tensor] = {}
-
-    def on_train_start(self, trainer, module):
-        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            self.weights[name] = full.detach().clone()
+    def init_weights(self) -> None:
+        super().init_weights()
+        if not self.model.norm.weight.is_meta:
+            nn.init.constant_(self.model.norm.weight, 0.5)
 
 
 def dataset() -> TensorDataset:
@@ -283,15 +277,17 @@ def dataset() -> TensorDataset:
     return TensorDataset(tokens[:, :-1], tokens[:, 1:])
 
 
-def fit(strategy: Any, devices: int, make: Callable[[], TrainModule], steps: int = 1) -> tuple[TrainModule, dict, bool]:
-    """Seeds 0, makes the module, records its initial weights and trains ``steps`` steps. Returns the module, the
-    initial weights and whether the build fell back to an eager one (the warning)."""
-    seed_everything(0)
+def fit(strategy: Any, devices: int, make: Callable[[], TrainModule], steps: int = 1, seed: Any = 0,
+        **trainer_args: Any) -> tuple[TrainModule, dict, bool]:  # fmt: skip
+    """Seeds (``seed(rank)`` when callable), makes the module, records its initial weights and trains ``steps``
+    steps. Returns the module, the initial weights and whether the build fell back to an eager one (the warning)."""
+    rank = int(os.environ.get("RANK", "0"))
+    seed_everything(seed(rank) if callable(seed) else seed)
     module = make()
     initial = InitialWeights()
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=[initial])  # fmt: skip
+                      callbacks=[initial], **trainer_args)  # fmt: skip
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(module, DataLoader(dataset(), batch_size=4))
@@ -321,10 +317,18 @@ def two_job() -> dict:
                 layouts[f"{kind}_{strategy}"] = (strategy, lambda kind=kind: HFModule(kind))
     for name, (strategy, module) in layouts.items():
         _, report[name], report[f"{name}_fell_back"] = fit(strategy, 2, module)
+    if HAS_TRANSFORMERS:  # each rank seeded differently: the model is still one, the one rank 0's seed gives
+        _, report["gpt2_fsdp_seed_per_rank"], _ = fit("fsdp", 2, lambda: HFModule("gpt2"), seed=lambda rank: 100 + rank)
     if HAS_TORCHTITAN:
         module, report["titan_pp2"], report["titan_pp2_fell_back"] = fit(
             NDParallelStrategy(dp_shard=1, pp=2, microbatches=4), 2, Titan, steps=3)
         report["titan_pp2_losses"] = module.losses
+    module, _, _ = fit("fsdp", 2, Zoo, check_init=True)
+    report["check_init_passed"] = module.model is not None
+    try:
+        fit("fsdp", 2, InitsDifferentlyOnMeta, check_init=True)
+    except InitMismatchError as err:
+        report["check_init_error"] = str(err)
     return report
 
 

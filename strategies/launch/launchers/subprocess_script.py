@@ -176,7 +176,8 @@ class SubprocessScriptLauncher:
 
     def _start_children(self) -> None:
         env = self.environment
-        self.command = script_command()
+        if self.num_processes > 1:  # one process per node: nothing to re-run (a one-device FSDP run under pytest)
+            self.command = script_command()
         for local_rank in range(1, self.num_processes):
             child_env = {**os.environ, **env.launch_variables(local_rank)}
             proc = subprocess.Popen(self.command, env=child_env)

@@ -275,11 +275,19 @@ def _is_dtensor(tensor: Any) -> bool:
 def _write_local(target: torch.Tensor, full: torch.Tensor) -> None:
     """Copy into ``target`` its part of ``full`` (the whole of it, or a DTensor's local shard)."""
     if _is_dtensor(target):
-        from torch.distributed.tensor import distribute_tensor
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-        full = full.to(target.to_local().device)
-        shard = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None).to_local()
-        target.to_local().copy_(shard)
+        local = target.to_local()
+        full = full.to(local.device)
+        if all(type(p) in (Shard, Replicate) for p in target.placements):  # a block of full: copied from a view
+            shape, offset = compute_local_shape_and_global_offset(full.shape, target.device_mesh, target.placements)
+            block = full
+            for dim, (start, length) in enumerate(zip(offset, shape)):
+                block = block.narrow(dim, start, length)
+            local.copy_(block)
+        else:  # strided shards (FSDP over tensor parallel): DTensor's own split
+            local.copy_(distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None).to_local())
     else:
         target.copy_(full)
 

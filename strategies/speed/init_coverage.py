@@ -31,17 +31,22 @@ def _local(tensor: Any) -> Any:
 
 
 class WriteCoverage(TorchDispatchMode):
-    """Context that records which elements of the storages of ``tensors`` ({name: plain tensor}) get written."""
+    """Context that records which elements of ``tensors`` ({name: plain tensor}) get written.
+
+    A write of a whole watched tensor (or of its whole storage) is noted without memory; only a write of part of
+    one allocates a mask of its storage's elements (FSDP's shards are views into padded storages, written whole)."""
 
     def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
         super().__init__()
         self.tensors = tensors
         self._numel: dict[int, int] = {}
-        self._state: dict[int, Any] = {}  # storage key -> None (nothing written), True (all of it) or a bool mask
-        for tensor in tensors.values():
+        self._watched: dict[int, list[tuple[str, tuple]]] = {}  # storage key -> (name, geometry) of its tensors
+        self._whole: set[str] = set()  # names written whole
+        self._masks: dict[int, torch.Tensor] = {}  # storage key -> which elements were written (partial writes)
+        for name, tensor in tensors.items():
             key = _storage_key(tensor)
             self._numel[key] = tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
-            self._state[key] = None
+            self._watched.setdefault(key, []).append((name, _geometry(tensor)))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
@@ -52,25 +57,29 @@ class WriteCoverage(TorchDispatchMode):
             value = args[index] if index < len(args) else kwargs.get(argument.name)
             for written in value if isinstance(value, (list, tuple)) else (value,):
                 local = _local(written)
-                if isinstance(local, torch.Tensor) and not local.is_meta and _storage_key(local) in self._state:
-                    self._mark(func, local, args, kwargs, argument.is_out)
+                if isinstance(local, torch.Tensor) and not local.is_meta and _storage_key(local) in self._watched:
+                    self._mark(func, local, args, argument.is_out)
         return out
 
-    def _mark(self, func: Any, local: torch.Tensor, args: tuple, kwargs: dict, is_out: bool) -> None:
+    def _mark(self, func: Any, local: torch.Tensor, args: tuple, is_out: bool) -> None:
         name = func._overloadpacket.__name__
         key = _storage_key(local)
         if name in _WHOLE_WRITES or is_out:
-            if self._state[key] is True:
-                return
             if local.numel() == self._numel[key] and local.is_contiguous():
-                self._state[key] = True
+                self._whole.update(watched for watched, _ in self._watched[key])
+                return
+            geometry = _geometry(local)
+            exact = [watched for watched, shape in self._watched[key] if shape == geometry]
+            if exact:
+                self._whole.update(exact)
                 return
             self._region(key, local).fill_(True)
             return
         try:  # an indexed write: the same call on the mask marks the elements it wrote
             region = self._region(key, local)
             if name == "index_put_":
-                region.index_put_(tuple(_local(i) if i is not None else None for i in args[1]), torch.tensor(True, device=region.device))
+                region.index_put_(tuple(_local(i) if i is not None else None for i in args[1]),
+                                  torch.tensor(True, device=region.device))  # fmt: skip
             elif name in ("masked_fill_", "masked_scatter_"):
                 region.masked_fill_(_local(args[1]), True)
             elif name == "index_fill_":
@@ -81,21 +90,22 @@ class WriteCoverage(TorchDispatchMode):
             pass  # not followed: those elements count as unwritten, and the check below says so
 
     def _region(self, key: int, local: torch.Tensor) -> torch.Tensor:
-        state = self._state[key]
-        if not isinstance(state, torch.Tensor):
-            state = self._state[key] = torch.full((self._numel[key],), state is True, device=local.device)
-        return torch.as_strided(state, local.size(), local.stride(), local.storage_offset())
+        if key not in self._masks:
+            self._masks[key] = torch.zeros(self._numel[key], dtype=torch.bool, device=local.device)
+        return torch.as_strided(self._masks[key], local.size(), local.stride(), local.storage_offset())
 
     def unwritten(self) -> list[str]:
         """Names of the watched tensors with an element no call overwrote."""
         missing = []
         for name, tensor in self.tensors.items():
-            if tensor.numel() == 0:
+            if tensor.numel() == 0 or name in self._whole:
                 continue
-            state = self._state[_storage_key(tensor)]
-            if state is True:
-                continue
-            if state is None or not bool(torch.as_strided(state, tensor.size(), tensor.stride(),
-                                                          tensor.storage_offset()).all()):  # fmt: skip
+            mask = self._masks.get(_storage_key(tensor))
+            if mask is None or not bool(torch.as_strided(mask, tensor.size(), tensor.stride(),
+                                                         tensor.storage_offset()).all()):  # fmt: skip
                 missing.append(name)
         return missing
+
+
+def _geometry(tensor: torch.Tensor) -> tuple:
+    return tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset(), tensor.dtype

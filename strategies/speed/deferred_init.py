@@ -94,7 +94,7 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
     names the tensor: nothing trains on whatever memory held.
     """
     from trainer.strategies.speed.init_coverage import WriteCoverage
-    from trainer.strategies.speed.init_recording import forget, origins_of, replay, undefined_regions
+    from trainer.strategies.speed.init_recording import forget, origins_of, replay
 
     if not has_meta_tensors(module):
         return False
@@ -102,40 +102,8 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
     named = _unique_named_tensors(module)
     meta_names = [name for name, tensor in named if _local(tensor).is_meta]
     recorded = [name for name in meta_names if name in origins]
-    if recorded and len(recorded) < len(meta_names):
-        outside = [name for name in meta_names if name not in origins]
-        raise ConfigurationError(
-            f"{outside[:3]} are meta tensors made outside the recorded build of the rest of the module (e.g. a "
-            "submodule built by hand on the meta device, then put into a module built in configure_model), so "
-            "nothing says what they hold. Build them inside configure_model / trainer.init_module() too, or build "
-            "the whole module with empty_init=True and initialise it in init_weights()."
-        )
-    recordings = {id(origins[name][0]): origins[name][0] for name in recorded}
     init_weights = getattr(module, "init_weights", None)
-    if recorded:
-        from trainer.strategies.speed.init_recording import unhonoured_error
-
-        for recording in recordings.values():
-            if recording.unhonoured:
-                raise unhonoured_error(recording)
-        undefined = undefined_regions({name: origins[name] for name in recorded})
-        if undefined:
-            raise ConfigurationError(
-                f"{undefined[:3]} are never wholly written by the code that builds them (made with torch.empty, "
-                "empty_like or new_empty and not filled everywhere): on one device they would hold whatever memory "
-                "held, differently on each run. Create them with torch.zeros / torch.ones / a computation, or fill "
-                "them (nn.init.*, .zero_()) in the build."
-            )
-    elif not callable(init_weights):
-        missing = sorted({type(sub).__name__ for sub in module.modules()
-                          if _owns_tensors(sub) and not callable(getattr(sub, "reset_parameters", None))})  # fmt: skip
-        if missing:
-            raise ConfigurationError(
-                f"{type(module).__name__} was built on the meta device (deferred initialisation), but {missing} "
-                "hold parameters or buffers and define no reset_parameters(), so their memory would stay "
-                "uninitialised. Give them reset_parameters(), define init_weights() on the module to initialise "
-                "everything, or build eagerly with trainer.init_module(empty_init=False)."
-            )
+    _refuse_what_cannot_be_initialised(module, origins, meta_names, recorded, init_weights)
     kept = {name: _local(tensor).detach() for name, tensor in named if not _local(tensor).is_meta}
     ties = _tied_slots(module)
     module.to_empty(device=device)
@@ -169,6 +137,51 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
                         if _owns_tensors(sub):
                             sub.reset_parameters()
     forget(module)
+    _refuse_unwritten(coverage, locals_, recorded, init_weights)
+    return True
+
+
+def _refuse_what_cannot_be_initialised(module: nn.Module, origins: dict, meta_names: list[str], recorded: list[str],
+                                       init_weights: Any) -> None:  # fmt: skip
+    """Before any memory is given: a build that mixes recorded and unrecorded meta tensors, a recording that
+    cannot be replayed or leaves a tensor undefined, or an unrecorded module nothing would initialise."""
+    from trainer.strategies.speed.init_recording import undefined_regions, unhonoured_error
+
+    if recorded and len(recorded) < len(meta_names):
+        outside = [name for name in meta_names if name not in origins]
+        raise ConfigurationError(
+            f"{outside[:3]} are meta tensors made outside the recorded build of the rest of the module (e.g. a "
+            "submodule built by hand on the meta device, then put into a module built in configure_model), so "
+            "nothing says what they hold. Build them inside configure_model / trainer.init_module() too, or build "
+            "the whole module with empty_init=True and initialise it in init_weights()."
+        )
+    if recorded:
+        for recording in {id(origins[name][0]): origins[name][0] for name in recorded}.values():
+            if recording.unhonoured:
+                raise unhonoured_error(recording)
+        undefined = undefined_regions({name: origins[name] for name in recorded})
+        if undefined:
+            raise ConfigurationError(
+                f"{undefined[:3]} are never wholly written by the code that builds them (made with torch.empty, "
+                "empty_like or new_empty and not filled everywhere): on one device they would hold whatever memory "
+                "held, differently on each run. Create them with torch.zeros / torch.ones / a computation, or fill "
+                "them (nn.init.*, .zero_()) in the build."
+            )
+    elif not callable(init_weights):
+        missing = sorted({type(sub).__name__ for sub in module.modules()
+                          if _owns_tensors(sub) and not callable(getattr(sub, "reset_parameters", None))})  # fmt: skip
+        if missing:
+            raise ConfigurationError(
+                f"{type(module).__name__} was built on the meta device (deferred initialisation), but {missing} "
+                "hold parameters or buffers and define no reset_parameters(), so their memory would stay "
+                "uninitialised. Give them reset_parameters(), define init_weights() on the module to initialise "
+                "everything, or build eagerly with trainer.init_module(empty_init=False)."
+            )
+
+
+def _refuse_unwritten(coverage: Any, locals_: dict[str, torch.Tensor], recorded: list[str], init_weights: Any) -> None:
+    """After initialisation: an element nothing wrote, or (an unrecorded init, which started from NaN) a NaN read
+    from memory the init had not written yet."""
     unwritten = coverage.unwritten()
     if unwritten:
         how = ("its recorded build" if recorded else
@@ -188,7 +201,6 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
                 f"After deferred initialisation {nan[:3]} hold NaN: the initialisation read memory it had not "
                 "written yet (or wrote NaN). Write each tensor before reading it in init_weights()/reset_parameters()."
             )
-    return True
 
 
 def _tied_slots(module: nn.Module) -> list[tuple[nn.Module, str, str, nn.Module, str]]:

@@ -162,9 +162,9 @@ class SubprocessScriptLauncher:
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Start the other ranks once (on the first stage), then run ``fn(*args)`` here as local rank 0."""
-        if not self.environment.creates_processes_externally:
+        if not self.environment.creates_processes_externally and self.environment.world_size() > 1:
             self.environment.check_launch()
-            self._start_children()
+            self._start_children()  # (one process in all: nothing to start, e.g. a one-device FSDP run under pytest)
         watcher = self._watcher
         if watcher is not None and watcher.failure is not None:
             raise self._peer_error(watcher.failure)
@@ -176,8 +176,7 @@ class SubprocessScriptLauncher:
 
     def _start_children(self) -> None:
         env = self.environment
-        if self.num_processes > 1:  # one process per node: nothing to re-run (a one-device FSDP run under pytest)
-            self.command = script_command()
+        self.command = script_command()
         for local_rank in range(1, self.num_processes):
             child_env = {**os.environ, **env.launch_variables(local_rank)}
             proc = subprocess.Popen(self.command, env=child_env)

@@ -455,7 +455,23 @@ class ReadsAWeightInConfigureModel(CountsInit):
         self.calls += 1
 
 
-def test_under_a_sharded_strategy_a_configure_model_that_reads_values_is_built_eagerly_and_checked():
+@pytest.fixture
+def own_process_group():
+    """A one-process job's process group and job variables end with the test (later tests start real jobs)."""
+    import os
+
+    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def test_under_a_sharded_strategy_a_configure_model_that_reads_values_is_built_eagerly_and_checked(own_process_group):
     module = ReadsAWeightInConfigureModel()
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2, 3)), batch_size=2)
     with pytest.warns(UserWarning, match=r"could not be recorded.*item.*built eagerly on cpu"):

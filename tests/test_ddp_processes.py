@@ -52,13 +52,14 @@ class Job:
     codes: list[Optional[int]] = field(default_factory=list)
     output: str = ""
     seconds_after_line: Optional[float] = None
+    timeout_s: float = RUN_TIMEOUT_S  # a job of many fits may take longer
 
     def run(self) -> "Job":
         procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for cmd, env in self.commands]  # fmt: skip
         seen_at = None
         try:
-            deadline = time.monotonic() + RUN_TIMEOUT_S
+            deadline = time.monotonic() + self.timeout_s
             chunks = []
             for proc in procs:
                 for line in proc.stdout:  # the stream ends when the launch and every rank it started exited

@@ -226,6 +226,7 @@ class InitRecorder(TorchFunctionMode):
         self._handles: list[Any] = []
         self._entries: list[list] = []  # the _ORIGINS entries this recorder made
         self._transformers: Any = None
+        self._not_sharded: dict[int, Any] = {}  # id -> weakref of DTensors known not to shard a recorded tensor
 
     def __enter__(self) -> "InitRecorder":
         from torch.nn.modules import module as module_mod
@@ -277,12 +278,20 @@ class InitRecorder(TorchFunctionMode):
         entry = self.recording.sharded.get(id(tensor))
         if entry is not None and entry[0] is tensor:
             return entry
-        for module, origins in list(_ORIGINS.items()):
+        missed = self._not_sharded.get(id(tensor))
+        if missed is not None and missed() is tensor:
+            return None
+        for module, origins in list(_ORIGINS.items()):  # index every slot of this recording's modules at once
             for name, (recording, registered, _) in origins.items():
-                if recording is self.recording and tensor.shape == registered.shape and (
-                        module._parameters.get(name) is tensor or module._buffers.get(name) is tensor):  # fmt: skip
-                    self.recording.sharded[id(tensor)] = (tensor, registered)
-                    return self.recording.sharded[id(tensor)]
+                held = module._parameters.get(name)
+                held = module._buffers.get(name) if held is None else held
+                if recording is self.recording and held is not None and not _is_plain(held) \
+                        and held.shape == registered.shape:  # fmt: skip
+                    self.recording.sharded.setdefault(id(held), (held, registered))
+        entry = self.recording.sharded.get(id(tensor))
+        if entry is not None and entry[0] is tensor:
+            return entry
+        self._not_sharded[id(tensor)] = weakref.ref(tensor)
         return None
 
     # ------------------------------------------------------------------ the calls

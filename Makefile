@@ -5,11 +5,13 @@
 # TORCH=... overrides the torch requirement (default: the CPU build that installs from local disk here).
 # EXTRAS: the optional dependencies installed too, so their tests run instead of skipping: deepspeed (ZeRO on CPU
 # ranks), s3 (fsspec, s3fs and moto's S3 server on 127.0.0.1 for the remote-checkpoint tests), hf (transformers)
-# and titan (torchtitan's Llama-3) for the deferred-initialisation tests against the real libraries.
+# and titan (torchtitan's Llama-3) for the deferred-initialisation tests against the real libraries; ray (a local
+# Ray cluster), submitit, ft (torchft and its lighthouse) and data (torchdata, datasets) for the cluster,
+# fault-tolerance and data-resume tests.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-EXTRAS ?= test,s3,deepspeed,hf,titan
+EXTRAS ?= test,s3,deepspeed,hf,titan,ray,submitit,ft,data
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=

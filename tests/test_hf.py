@@ -9,6 +9,8 @@ references meanwhile.
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import subprocess
 import importlib.util
 import sys
 from pathlib import Path
@@ -107,3 +109,102 @@ def test_activation_checkpointing_auto_checkpoints_the_models_blocks_and_refuses
     model(tokens).logits.sum().backward()  # the checkpointed blocks run forward and backward
     with pytest.raises(ConfigurationError, match="activation_checkpointing='auto' checkpoints the blocks"):
         apply_activation_checkpointing(torch.nn.Sequential(torch.nn.Linear(2, 2)), "auto")
+
+
+FROM_PRETRAINED = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+assert "trainer" not in sys.modules
+out = {}
+for name in sys.argv[2:]:
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1] + "/" + name, attn_implementation="eager")
+    tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        out[name] = {"logits": model(tokens).logits, "dtype": model.dtype,
+                     "tied": model.lm_head.weight is model.get_input_embeddings().weight}
+torch.save(out, sys.argv[1] + "/from_pretrained.pt")
+"""
+
+
+@pytest.fixture(scope="module")
+def loaded(job, reports) -> dict:
+    """Each exported folder loaded by transformers alone, in a fresh process that cannot import this framework."""
+    _, out = job
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
+    folders = ["llama_fsdp", "gpt2_fsdp", "llama_tp2"]
+    done = subprocess.run([sys.executable, "-c", FROM_PRETRAINED, str(out), *folders], cwd=out, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(out / "from_pretrained.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("layout", ["llama_fsdp", "gpt2_fsdp", "llama_tp2"])
+def test_from_pretrained_in_a_fresh_process_gives_the_trained_models_logits(reports, loaded, layout):
+    assert torch.allclose(loaded[layout]["logits"], reports[0][f"{layout}_logits"], atol=1e-6, rtol=0)
+    assert loaded[layout]["dtype"] == torch.float32
+
+
+def test_an_exported_folder_is_sharded_with_its_index_config_and_tied_weights_once(job, reports, loaded):
+    _, out = job
+    folder = out / "gpt2_fsdp"
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in folder.glob("*.safetensors"))
+    assert len(files) > 1 and set(index["weight_map"].values()) == set(files)
+    assert all(p.stat().st_size < 60_000 + 50_000 for p in folder.glob("*.safetensors"))  # max_shard_size=60KB
+    assert "lm_head.weight" not in index["weight_map"] and "transformer.wte.weight" in index["weight_map"]
+    assert loaded["gpt2_fsdp"]["tied"]  # transformers ties the head to the embedding again
+    assert (folder / "config.json").is_file() and (folder / "generation_config.json").is_file()
+    assert not (folder / ".sharded-parts").exists()
+
+
+def test_export_memory_stays_within_the_ranks_shards_and_one_file(reports):
+    for report in reports:
+        bound = report["export_local"] + report["export_largest_file"] + 4 * 2**20  # + Python's own slack
+        assert report["export_files"] > 1
+        assert report["export_growth"] <= bound, report
+        assert bound < report["export_model"] + report["export_largest_file"]  # gathering would pass the bound
+
+
+def test_load_pretrained_at_tp2_starts_from_one_processs_logits(reports, loaded):
+    for report in reports:  # the llama_fsdp folder, loaded while the model was on meta at dp_shard=1 x tp=2
+        assert torch.allclose(report["llama_tp2_loaded_logits"], loaded["llama_fsdp"]["logits"], atol=1e-5, rtol=0)
+
+
+def test_one_process_export_in_bf16_loads_as_bf16_with_the_same_weights(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainer.hf import load_pretrained, save_pretrained
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_job.hf_config("llama"))
+    save_pretrained(model, tmp_path / "bf16", dtype="bf16")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert again.dtype == torch.bfloat16 and json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert torch.equal(again.model.embed_tokens.weight, model.model.embed_tokens.weight.to(torch.bfloat16))
+    fresh = AutoModelForCausalLM.from_config(hf_job.hf_config("llama"))
+    load_pretrained(fresh, tmp_path / "bf16")  # into a float32 model: the bf16 values, widened
+    assert torch.equal(fresh.model.embed_tokens.weight, again.model.embed_tokens.weight.float())
+
+
+def test_misuse_says_what_was_wrong(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainer.hf import load_pretrained, save_pretrained
+    from trainer.strategies.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="needs a Hugging Face transformers model"):
+        save_pretrained(torch.nn.Linear(2, 2), tmp_path / "x")
+    model = AutoModelForCausalLM.from_config(hf_job.hf_config("gpt2"))
+    with pytest.raises(ConfigurationError, match="max_shard_size='lots' is not a size"):
+        save_pretrained(model, tmp_path / "x", max_shard_size="lots")
+    with pytest.raises(ConfigurationError, match="is a URL"):
+        save_pretrained(model, "s3://bucket/x")
+    with pytest.raises(ConfigurationError, match="holds no safetensors weights"):
+        load_pretrained(model, tmp_path)
+    save_pretrained(model, tmp_path / "gpt2")
+    with pytest.raises(ConfigurationError, match="has no weights for"):
+        load_pretrained(AutoModelForCausalLM.from_config(hf_job.hf_config("llama")), tmp_path / "gpt2")
+    with torch.device("meta"):
+        on_meta = AutoModelForCausalLM.from_config(hf_job.hf_config("gpt2"))
+    with pytest.raises(ConfigurationError, match="still on the meta device"):
+        save_pretrained(on_meta, tmp_path / "meta")

@@ -91,7 +91,8 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
     sharded tensor drawing the full tensor and keeping the local shard, so the weights do not depend on the layout.
     Tensors that were real before (built outside ``meta``, loaded) keep their values. Either way every element of
     every tensor must be written (:class:`~trainer.strategies.speed.init_coverage.WriteCoverage`), else the error
-    names the tensor: nothing trains on whatever memory held.
+    names the tensor: nothing trains on whatever memory held. Last, a submodule's ``_after_materialize`` callables
+    run (a load asked for while it was on ``meta``).
     """
     from trainer.strategies.speed.init_coverage import WriteCoverage
     from trainer.strategies.speed.init_recording import forget, origins_of, replay
@@ -138,7 +139,17 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
                             sub.reset_parameters()
     forget(module)
     _refuse_unwritten(coverage, locals_, recorded, init_weights)
+    _run_after_materialize(module)
     return True
+
+
+def _run_after_materialize(module: nn.Module) -> None:
+    """What was asked of a submodule while it had no memory (``trainer.hf.load_pretrained`` on ``meta``: the
+    weights to load), now that each rank holds its shards; each runs once."""
+    for sub in module.modules():
+        hooks = sub.__dict__.pop("_after_materialize", None)
+        for hook in hooks or ():
+            hook()
 
 
 def _refuse_what_cannot_be_initialised(module: nn.Module, origins: dict, meta_names: list[str], recorded: list[str],

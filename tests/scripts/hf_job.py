@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from trainer.hf import load_pretrained, save_pretrained
 from trainer import Trainer, TrainModule, seed_everything
+from trainer.callbacks import Callback
 from trainer.strategies import NDParallelStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for layout_support
@@ -56,11 +58,10 @@ class CausalLM(TrainModule):
             return
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_config(hf_config(self.kind), attn_implementation="eager")
+        config = getattr(self, "config", None) or hf_config(self.kind)
+        self.model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
         if self.load_from is not None:
-            import trainer.hf
-
-            trainer.hf.load_pretrained(self.model, self.load_from)
+            load_pretrained(self.model, self.load_from)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens).logits
@@ -90,20 +91,90 @@ def probe() -> torch.Tensor:
 def logits_of(module: CausalLM) -> torch.Tensor:
     """The model's logits on the probe batch, through the strategy's root (FSDP gathers its units)."""
     root = getattr(module.trainer.strategy, "_root", None)
+    training = module.training
+    module.eval()  # no dropout (GPT-2 has some), as from_pretrained's model
     with torch.no_grad():
         out = (root or module)(probe())  # the FSDP root's forward runs the module's
+    module.train(training)
     return (out.full_tensor() if hasattr(out, "full_tensor") else out).detach().clone()
 
 
-def fit(strategy: Any, module: CausalLM, steps: int = 3, devices: int = 2) -> tuple[Trainer, dict]:
+class StartLogits(Callback):
+    """The probe batch's logits when training starts."""
+
+    logits: Optional[torch.Tensor] = None
+
+    def on_train_start(self, trainer, module):
+        self.logits = logits_of(module)
+
+
+def fit(strategy: Any, module: CausalLM, steps: int = 3, devices: int = 2, callbacks: tuple = ()) -> tuple[Trainer, dict]:
     """Seeds, trains ``steps`` steps; returns the Trainer and the weights the rank held when training started."""
     seed_everything(0)
     initial = InitialWeights()
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=[initial])  # fmt: skip
+                      callbacks=[initial, *callbacks])  # fmt: skip
     trainer.fit(module, DataLoader(dataset(), batch_size=4))
     return trainer, initial.weights
+
+
+class RssPeak:
+    """The highest resident set size of this process while inside the block, sampled every 0.2 ms."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            self._stop.wait(0.0002)
+
+    def __enter__(self) -> "RssPeak":
+        self.peak = self.rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss())
+
+
+def export_memory(directory: Path) -> dict:
+    """A larger Llama (~76 MB fp32) sharded by fsdp=2, exported with 8 MB files: this rank's RSS growth during the
+    export, beside its shards' bytes, the largest file's and the model's."""
+    import safetensors.torch  # noqa: F401 - imported before the baseline, as by any earlier export
+    from transformers import LlamaConfig
+
+    big = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                      num_key_value_heads=8, vocab_size=8192, max_position_embeddings=SEQ)  # fmt: skip
+    module = CausalLM("llama")
+    module.config = big
+    fit("fsdp", module, steps=1)
+    params = list(module.model.state_dict().values())
+    local = sum(p.to_local().numel() * p.element_size() for p in params)
+    whole = sum(p.numel() * p.element_size() for p in params)
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory back to the system: growth is new memory, not reuse
+    with RssPeak() as peak:
+        before = RssPeak.rss()
+        save_pretrained(module, directory, max_shard_size="8MB")
+    largest = max(f.stat().st_size for f in directory.glob("*.safetensors"))
+    return {"export_growth": peak.peak - before, "export_local": local, "export_model": whole,
+            "export_largest_file": largest, "export_files": len(list(directory.glob("*.safetensors")))}
 
 
 def train_job(out: Path) -> dict:
@@ -115,14 +186,19 @@ def train_job(out: Path) -> dict:
         report[f"{kind}_fsdp_losses"] = module.losses
         report[f"{kind}_fsdp_units"] = sorted({type(m).__name__ for m in trainer.strategy._units})
         report[f"{kind}_fsdp_logits"] = logits_of(module)
-        pass
 
-        pass  # trainer.hf.save_pretrained(module, out / f"{kind}_fsdp", max_shard_size="60KB")
+        save_pretrained(module, out / f"{kind}_fsdp", max_shard_size="60KB")
     module = CausalLM("llama")
     trainer, report["llama_tp2_initial"] = fit(NDParallelStrategy(dp_shard=1, tp=2), module)
     report["llama_tp2_losses"] = module.losses
     report["llama_tp2_sharded"] = sorted(n for n, p in module.named_parameters() if hasattr(p, "placements"))
     report["llama_tp2_logits"] = logits_of(module)
+    save_pretrained(module, out / "llama_tp2", max_shard_size="60KB")
+    start = StartLogits()
+    fit(NDParallelStrategy(dp_shard=1, tp=2), CausalLM("llama", load_from=str(out / "llama_fsdp")), steps=1,
+        callbacks=(start,))  # fmt: skip
+    report["llama_tp2_loaded_logits"] = start.logits
+    report.update(export_memory(out / "big"))
     try:
         fit(NDParallelStrategy(dp_shard=1, tp=2), CausalLM("gpt2"))
     except Exception as err:  # noqa: BLE001 - the test reads the message

@@ -38,6 +38,21 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "K
 AFTER_MATERIALIZE = "_after_materialize"  # a module's list of callables materialize() runs once it has memory
 
 
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "16": torch.float16, "fp32": torch.float32, "float32": torch.float32, "32": torch.float32}  # fmt: skip
+
+
+def parse_dtype(value: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+    """``None`` (as trained), a ``torch.dtype``, or a name: ``"bf16"``/``"bfloat16"``, ``"fp16"``, ``"fp32"`` (also
+    a precision name such as ``"bf16-true"``)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    found = _DTYPES.get(str(value).lower().replace("-true", "").replace("-mixed", ""))
+    if found is None:
+        raise ConfigurationError(f"dtype={value!r} is not understood. Use 'bf16', 'fp16', 'fp32' or a torch.dtype.")
+    return found
+
+
 def parse_size(size: Union[int, str]) -> int:
     """Bytes of ``size``: an int, or a string as ``transformers`` takes ``max_shard_size`` (``"5GB"``, ``"200MB"``,
     ``"64KiB"``)."""

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer.hf import load_pretrained, save_pretrained
 from trainer import Trainer, TrainModule, seed_everything
-from trainer.callbacks import Callback
+from trainer.callbacks import Callback, HFCheckpoint
 from trainer.strategies import NDParallelStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for layout_support
@@ -151,13 +151,14 @@ class RssPeak:
 
 
 def export_memory(directory: Path) -> dict:
-    """A larger Llama (~76 MB fp32) sharded by fsdp=2, exported with 8 MB files: this rank's RSS growth during the
-    export, beside its shards' bytes, the largest file's and the model's."""
+    """A larger Llama (~92 MB fp32) sharded by fsdp=2, exported with 4 MB files: this rank's RSS growth during the
+    export, beside its shards' bytes, the largest file's and the model's; then the same from its sharded checkpoint
+    (what `trainer checkpoint export` does), on rank 0."""
     import safetensors.torch  # noqa: F401 - imported before the baseline, as by any earlier export
     from transformers import LlamaConfig
 
-    big = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
-                      num_key_value_heads=8, vocab_size=8192, max_position_embeddings=SEQ)  # fmt: skip
+    big = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8,
+                      num_key_value_heads=8, vocab_size=2048, max_position_embeddings=SEQ)  # fmt: skip
     module = CausalLM("llama")
     module.config = big
     fit("fsdp", module, steps=1)
@@ -171,10 +172,24 @@ def export_memory(directory: Path) -> dict:
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory back to the system: growth is new memory, not reuse
     with RssPeak() as peak:
         before = RssPeak.rss()
-        save_pretrained(module, directory, max_shard_size="8MB")
+        save_pretrained(module, directory, max_shard_size="4MB")
     largest = max(f.stat().st_size for f in directory.glob("*.safetensors"))
-    return {"export_growth": peak.peak - before, "export_local": local, "export_model": whole,
-            "export_largest_file": largest, "export_files": len(list(directory.glob("*.safetensors")))}
+    report = {"export_growth": peak.peak - before, "export_local": local, "export_model": whole,
+              "export_largest_file": largest, "export_files": len(list(directory.glob("*.safetensors")))}
+    module.trainer.save_checkpoint(directory.parent / "big.ckpt")  # sharded: weights and AdamW's state
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:  # `trainer checkpoint export`'s work, in this process to measure it
+        from trainer.strategies.checkpoint.hf_folder import export_checkpoint
+
+        del params
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with RssPeak() as peak:
+            before = RssPeak.rss()
+            export_checkpoint(directory.parent / "big.ckpt", directory.parent / "big_exported", big,
+                              max_shard_size="4MB")  # fmt: skip
+        report["cli_export_growth"] = peak.peak - before
+    return report
 
 
 def train_job(out: Path) -> dict:
@@ -182,18 +197,22 @@ def train_job(out: Path) -> dict:
     rank = int(os.environ.get("RANK", "0"))
     for kind in ("llama", "gpt2"):
         module = CausalLM(kind)
-        trainer, report[f"{kind}_fsdp_initial"] = fit("fsdp", module)
+        # GPT-2 exported by the callback, Llama by a call after fit
+        callbacks = (HFCheckpoint(out / "gpt2_fsdp", max_shard_size="60KB"),) if kind == "gpt2" else ()
+        trainer, report[f"{kind}_fsdp_initial"] = fit("fsdp", module, callbacks=callbacks)
         report[f"{kind}_fsdp_losses"] = module.losses
         report[f"{kind}_fsdp_units"] = sorted({type(m).__name__ for m in trainer.strategy._units})
         report[f"{kind}_fsdp_logits"] = logits_of(module)
-
-        save_pretrained(module, out / f"{kind}_fsdp", max_shard_size="60KB")
+        if kind == "llama":
+            save_pretrained(module, out / f"{kind}_fsdp", max_shard_size="60KB")
+        trainer.save_checkpoint(out / f"{kind}_fsdp.ckpt")  # a sharded folder, for `trainer checkpoint export`
     module = CausalLM("llama")
     trainer, report["llama_tp2_initial"] = fit(NDParallelStrategy(dp_shard=1, tp=2), module)
     report["llama_tp2_losses"] = module.losses
     report["llama_tp2_sharded"] = sorted(n for n, p in module.named_parameters() if hasattr(p, "placements"))
     report["llama_tp2_logits"] = logits_of(module)
     save_pretrained(module, out / "llama_tp2", max_shard_size="60KB")
+    trainer.save_checkpoint(out / "llama_tp2.ckpt")
     start = StartLogits()
     fit(NDParallelStrategy(dp_shard=1, tp=2), CausalLM("llama", load_from=str(out / "llama_fsdp")), steps=1,
         callbacks=(start,))  # fmt: skip

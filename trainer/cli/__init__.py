@@ -5,7 +5,7 @@
 ``run``        launch a script on this node through ``torch.distributed.run`` (torchrun)
 ``slurm``      write an sbatch script for a SLURM cluster, and submit it with ``--submit``
 ``env``        print what the Trainer detects here (cluster, ranks, devices, versions)
-``checkpoint`` ``checkpoint consolidate DIR OUT``: one file from a sharded checkpoint folder
+``checkpoint`` ``consolidate DIR OUT``: one file from a sharded folder; ``export --format hf``: an HF folder
 ``estimate-memory``  per-device memory of a module under each strategy, and a recommendation
 =============  ==============================================================================
 

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 import torch
 from torch import nn
 
-from trainer.strategies.checkpoint.hf_folder import load_hf_folder, save_hf_folder
-from trainer.strategies.errors import ConfigurationError
-
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-           "16": torch.float16, "fp32": torch.float32, "float32": torch.float32, "32": torch.float32}  # fmt: skip
+from trainer.strategies.checkpoint.hf_folder import load_hf_folder, parse_dtype, save_hf_folder
 
 
 def save_pretrained(module_or_model: nn.Module, directory: Union[str, os.PathLike], *,
@@ -24,7 +20,7 @@ def save_pretrained(module_or_model: nn.Module, directory: Union[str, os.PathLik
     ``max_shard_size`` each and ``model.safetensors.index.json``, tied weights once, floating tensors in ``dtype``
     (default: as trained; ``"bf16"``, ``torch.bfloat16``, ...). Call it on every rank (after ``fit``, or from a
     hook such as ``on_train_end``): each rank writes only the shards it holds. Returns the folder."""
-    return save_hf_folder(module_or_model, directory, max_shard_size, _dtype(dtype))
+    return save_hf_folder(module_or_model, directory, max_shard_size, parse_dtype(dtype))
 
 
 def load_pretrained(module_or_model: nn.Module, directory: Union[str, os.PathLike]) -> None:
@@ -32,12 +28,3 @@ def load_pretrained(module_or_model: nn.Module, directory: Union[str, os.PathLik
     rank, each reading only what it holds. Inside ``configure_model`` right after building the model (on ``meta``
     under sharded strategies) the weights arrive as each rank materialises its shards, instead of the init."""
     load_hf_folder(module_or_model, directory)
-
-
-def _dtype(value: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    found = _DTYPES.get(str(value).lower().replace("-true", "").replace("-mixed", ""))
-    if found is None:
-        raise ConfigurationError(f"dtype={value!r} is not understood. Use 'bf16', 'fp16', 'fp32' or a torch.dtype.")
-    return found

@@ -8,9 +8,10 @@ index of each epoch, and ``iter(DataLoader)`` draws its worker base seed from it
 (and the state of any ``torch.Generator`` the loader or sampler holds) is captured at the moment the
 sampler starts, every epoch, and saved in checkpoints. A ``DistributedSampler`` needs only ``set_epoch``.
 
-Anything else (an ``IterableDataset``, a plain iterable of batches) cannot be positioned: its iterator is
-rebuilt from the random state captured before the epoch's ``iter()`` and the finished batches are read
-again and dropped.
+An ``IterableDataset`` with its own ``state_dict()`` (``datasets.IterableDataset``) loaded in this process continues
+from the state it had after the finished batches (:mod:`trainer.checkpoint.dataset_state`). Anything else (another
+``IterableDataset``, a plain iterable of batches) cannot be positioned: its iterator is rebuilt from the random state
+captured before the epoch's ``iter()`` and the finished batches are read again and dropped.
 
 A :class:`~trainer.data.combined_loader.CombinedLoader` is positioned loader by loader: each has its own position
 (the random state of its current pass and how many batches that pass gave), so every loader, including one that
@@ -26,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.strategies.rank import rank_zero_warn
+from trainer.checkpoint.dataset_state import DatasetState
 from trainer.data.combined_loader import CombinedIterator, CombinedLoader
 from trainer.reproducibility.seed import capture_rng_state, restore_rng_state
 
@@ -168,6 +170,7 @@ class TrainDataPosition:
         self._replay_state: Optional[dict[str, Any]] = None
         self._warned_replay = False
         self._combined: Optional[_CombinedPosition] = None
+        self._dataset_state: Optional[DatasetState] = None
 
     def iterator(self, loader: Any, epoch: int, skip: int = 0, saved: Optional[dict[str, Any]] = None) -> Iterator[Any]:
         """This epoch's iterator over ``loader``, after ``skip`` batches when resuming from ``saved``."""
@@ -195,6 +198,12 @@ class TrainDataPosition:
                 f"The checkpoint was saved mid-epoch with the data split {saved.get('replicas')} ways, now "
                 f"{self.replicas}: until this epoch ends, some samples may be seen twice and others not at all."
             )
+        own = DatasetState.of(loader)  # a dataset that keeps its own position (datasets' IterableDataset)
+        self._dataset_state = own
+        if own is not None and (not skip or own.can_resume(skip, saved.get("dataset") if start is not None else None)):
+            self._replay_state = _capture(loader_generators(loader))
+            self._sampler = None
+            return own.iterator(loader, skip, saved.get("dataset") if skip else None)
         attribute = _index_attribute(loader)
         if attribute is None:
             return self._replayed(loader, skip, start)
@@ -238,7 +247,10 @@ class TrainDataPosition:
             return self._combined.state_dict()
         sampler = self._sampler
         start = sampler.start_state if sampler is not None else self._replay_state
-        return {"epoch": self.epoch, "start": start, "replicas": self.replicas, "batch_size": self.batch_size}
+        state = {"epoch": self.epoch, "start": start, "replicas": self.replicas, "batch_size": self.batch_size}
+        if self._dataset_state is not None:
+            state["dataset"] = self._dataset_state.state_dict()
+        return state
 
 
 class _CombinedPosition:

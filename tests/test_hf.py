@@ -215,6 +215,9 @@ def test_one_process_export_in_bf16_loads_as_bf16_with_the_same_weights(tmp_path
     fresh = AutoModelForCausalLM.from_config(hf_job.hf_config("llama"))
     load_pretrained(fresh, tmp_path / "bf16")  # into a float32 model: the bf16 values, widened
     assert torch.equal(fresh.model.embed_tokens.weight, again.model.embed_tokens.weight.float())
+    model.save_pretrained(tmp_path / "theirs")  # transformers' own folder: one model.safetensors, no index
+    load_pretrained(fresh, tmp_path / "theirs")
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
 
 
 def test_misuse_says_what_was_wrong(tmp_path):

@@ -212,6 +212,7 @@ def test_one_process_export_in_bf16_loads_as_bf16_with_the_same_weights(tmp_path
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
     assert again.dtype == torch.bfloat16 and json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
     assert torch.equal(again.model.embed_tokens.weight, model.model.embed_tokens.weight.to(torch.bfloat16))
+    assert model.config.dtype in (None, torch.float32)  # the trained model's own config is left as it was
     fresh = AutoModelForCausalLM.from_config(hf_job.hf_config("llama"))
     load_pretrained(fresh, tmp_path / "bf16")  # into a float32 model: the bf16 values, widened
     assert torch.equal(fresh.model.embed_tokens.weight, again.model.embed_tokens.weight.float())

@@ -243,3 +243,35 @@ def test_misuse_says_what_was_wrong(tmp_path):
         on_meta = AutoModelForCausalLM.from_config(hf_job.hf_config("gpt2"))
     with pytest.raises(ConfigurationError, match="still on the meta device"):
         save_pretrained(on_meta, tmp_path / "meta")
+
+
+def test_a_transformers_model_under_pipeline_parallel_is_refused_saying_what_works():
+    from transformers import AutoModelForCausalLM
+
+    from trainer.strategies.errors import ConfigurationError
+    from trainer.strategies.nd.hf_plan import refuse_pipelined_hf
+
+    holder = torch.nn.Module()
+    holder.model = AutoModelForCausalLM.from_config(hf_job.hf_config("llama"))
+    with pytest.raises(ConfigurationError, match="LlamaForCausalLM's forward .* cannot run as a stage.*dp_shard x tp"):
+        refuse_pipelined_hf(holder)
+    refuse_pipelined_hf(torch.nn.Linear(2, 2))  # other modules: pipeline parallel decides
+
+
+def test_the_hf_plan_strings_map_to_torch_styles_and_an_unknown_one_is_named():
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from transformers import AutoModelForCausalLM
+
+    from trainer.strategies.errors import ConfigurationError
+    from trainer.strategies.nd.hf_plan import hf_tp_plan
+
+    model = AutoModelForCausalLM.from_config(hf_job.hf_config("llama"))
+    plan = hf_tp_plan(model, "model")
+    assert isinstance(plan["model.model.layers.*.self_attn.q_proj"], ColwiseParallel)
+    assert isinstance(plan["model.model.layers.*.self_attn.o_proj"], RowwiseParallel)
+    head = plan["model.lm_head"]  # the head gives whole logits: the user's loss is as on one device
+    assert isinstance(head, ColwiseParallel) and head.output_layouts == (Replicate(),)
+    model._tp_plan = {"lm_head": "packed_colwise"}
+    with pytest.raises(ConfigurationError, match=r"styles \['packed_colwise'\]"):
+        hf_tp_plan(model)

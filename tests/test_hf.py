@@ -146,14 +146,14 @@ def loaded(job, reports, exported) -> dict:
     """Each exported folder loaded by transformers alone, in a fresh process that cannot import this framework."""
     _, out = job
     env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
-    folders = ["llama_fsdp", "gpt2_fsdp", "llama_tp2", "gpt2_fsdp_exported", "llama_tp2_exported"]
+    folders = ["llama_fsdp", "gpt2_fsdp", "gpt2_ddp", "llama_tp2", "gpt2_fsdp_exported", "llama_tp2_exported"]
     done = subprocess.run([sys.executable, "-c", FROM_PRETRAINED, str(out), *folders], cwd=out, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(out / "from_pretrained.pt", weights_only=False)
 
 
-@pytest.mark.parametrize("layout", ["llama_fsdp", "gpt2_fsdp", "llama_tp2"])
+@pytest.mark.parametrize("layout", ["llama_fsdp", "gpt2_fsdp", "gpt2_ddp", "llama_tp2"])
 def test_from_pretrained_in_a_fresh_process_gives_the_trained_models_logits(reports, loaded, layout):
     assert torch.allclose(loaded[layout]["logits"], reports[0][f"{layout}_logits"], atol=1e-6, rtol=0)
     assert loaded[layout]["dtype"] == torch.float32

@@ -275,3 +275,23 @@ def test_the_hf_plan_strings_map_to_torch_styles_and_an_unknown_one_is_named():
     model._tp_plan = {"lm_head": "packed_colwise"}
     with pytest.raises(ConfigurationError, match=r"styles \['packed_colwise'\]"):
         hf_tp_plan(model)
+
+
+def test_hf_checkpoint_writes_every_n_epochs_and_at_the_end(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainer import Trainer
+    from trainer.callbacks import HFCheckpoint
+    from trainer.strategies.errors import ConfigurationError
+
+    callback = HFCheckpoint(tmp_path / "hf", every_n_epochs=1, dtype="bf16")
+    module = hf_job.CausalLM("gpt2")
+    Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_train_batches=2, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False, callbacks=[callback]).fit(
+        module, torch.utils.data.DataLoader(hf_job.dataset(), batch_size=4))  # fmt: skip
+    assert callback.saved == [tmp_path / "hf" / "epoch=0", tmp_path / "hf" / "epoch=1", tmp_path / "hf"]
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert final.dtype == torch.bfloat16
+    assert torch.equal(final.transformer.wte.weight, module.model.transformer.wte.weight.to(torch.bfloat16))
+    with pytest.raises(ConfigurationError, match="every_n_epochs=0"):
+        HFCheckpoint(tmp_path, every_n_epochs=0)

@@ -43,17 +43,15 @@ def group_names(mesh: Any) -> dict[str, str]:
     import torch.distributed as dist
 
     names: dict[str, str] = {}
-    if dist.is_initialized():
-        names[dist.distributed_c10d._get_default_group().group_name] = "world"
-    if mesh is None:
-        return names
-    root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
-    for candidate in {id(m): m for m in (mesh, root)}.values():
-        for dim in candidate.mesh_dim_names or ():
-            names.setdefault(candidate.get_group(dim).group_name, dim)
-    flattened = getattr(root, "_flatten_mapping", None) or {}
-    for dim, sub in dict(flattened).items():
-        names.setdefault(sub.get_group().group_name, dim)
+    if mesh is not None:
+        root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+        for candidate in {id(m): m for m in (mesh, root)}.values():
+            for dim in candidate.mesh_dim_names or ():
+                names.setdefault(candidate.get_group(dim).group_name, dim)
+        for dim, sub in dict(getattr(root, "_flatten_mapping", None) or {}).items():
+            names.setdefault(sub.get_group().group_name, dim)
+    if dist.is_initialized():  # a 1-D mesh over every rank uses the default group: it keeps the mesh's name
+        names.setdefault(dist.distributed_c10d._get_default_group().group_name, "world")
     return names
 
 

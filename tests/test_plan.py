@@ -37,18 +37,20 @@ def real_run(tmp_path: Path, world: int, specs: list[str]) -> Path:
     return out
 
 
-def assert_plan_matches(out: Path, name: str, world: int, peak_checked: bool = True) -> None:
+def assert_plan_matches(out: Path, name: str, world: int, peak_checked: bool = True, steps: bool = True) -> None:
     from trainer.plan.hardware import load_profile
     from trainer.plan.planner import plan_job
 
     plan = plan_job(plan_lm.job(name, world), load_profile("h100"))
     planned_ranks = [result for role in plan.roles for result in role.results]
-    assert [r.rank for r in planned_ranks] == [0, world - 1]  # the first and last rank of the one role
+    assert {r.rank for r in planned_ranks} >= {0, world - 1}  # the first and last rank of each role
     for result in planned_ranks:
         real = json.loads((out / f"{name}-rank{result.rank}.json").read_text())
         where = f"{name} at {world} ranks, rank {result.rank}"
         for key in ("param_bytes", "grad_bytes", "optimizer_bytes"):
             assert result.held[key] == real[key], f"{where}: {key}"
+        if not steps:
+            continue
         assert [c.as_dict() for c in result.step.collectives] == real["collectives"], where
         if peak_checked:
             assert abs(result.step.peak_bytes - real["peak_bytes"]) <= 0.1 * real["peak_bytes"], where
@@ -66,9 +68,11 @@ def test_plan_equals_a_real_two_rank_run(tmp_path):
 
 @pytest.mark.timeout(REAL_TIMEOUT_S + 120)
 def test_plan_equals_a_real_four_rank_run(tmp_path):
-    out = real_run(tmp_path, 4, ["nd_tp", "fsdp"])
+    out = real_run(tmp_path, 4, ["nd_tp", "pp"])
     assert_plan_matches(out, "nd_tp", 4)  # dp_shard=2 × tp=2
-    assert_plan_matches(out, "fsdp", 4)
+    # dp_shard=2 × pp=2: each stage's cut and shards, held bytes exact; the schedule's step is not planned (a fake
+    # process group cannot carry activations between stages), so its collectives and peak are not compared.
+    assert_plan_matches(out, "pp", 4, steps=False)
 
 
 def plan_cli(capsys, *args: str) -> tuple[int, str, str]:

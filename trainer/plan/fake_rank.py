@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.plan.job import JobSpec, make_batch, make_module
-from trainer.plan.measure import StepMeasure, held_bytes, measure_step
+from trainer.plan.measure import StepMeasure, held_bytes, measure_optimizer_step, measure_step
 from trainer.strategies.launch.environments.base import ClusterEnvironment
 
 _CPU = torch.device("cpu")
@@ -145,10 +145,22 @@ def plan_rank(spec: JobSpec, rank: int) -> RankResult:
         optimizers = strategy.setup_optimizers(optimizers)
         with mode:
             batch = make_batch(spec, module, _CPU)
-            step = measure_step(strategy, module, optimizers, batch)
+            if getattr(strategy, "_pipeline", None) is not None:
+                step = measure_optimizer_step(strategy, module, optimizers, _stage_flops(spec, module, batch))
+            else:
+                step = measure_step(strategy, module, optimizers, batch)
             held = held_bytes(module, optimizers)
         module._trainer = None
     return RankResult(rank, held, step)
+
+
+def _stage_flops(spec: JobSpec, module: nn.Module, batch: Any) -> int:
+    """6 FLOPs per parameter per token (forward and backward of the matmuls) for this stage's share of the
+    parameters (this rank's local part × the data-parallel shards) over one data-parallel rank's batch."""
+    tokens = batch[0].numel() if isinstance(batch, (tuple, list)) else getattr(batch, "numel", lambda: 1)()
+    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in module.parameters())
+    layout = spec.layout()
+    return 6 * local * layout.dp_shard * tokens
 
 
 def plan_rank_isolated(spec: JobSpec, rank: int) -> RankResult:

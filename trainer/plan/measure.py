@@ -44,6 +44,8 @@ class StepMeasure:
     peak_holders: dict[str, int]
     collectives: list[Collective]
     flops: int
+    #: False where only the optimizer step ran (a pipeline stage, see :func:`measure_optimizer_step`).
+    whole_step: bool = True
 
 
 def _loss_of(output: Any) -> Tensor:
@@ -76,6 +78,31 @@ def _tensors(data: Any) -> list[Tensor]:
     return []
 
 
+def _peak(tracker: Any) -> tuple[int, dict[str, int]]:
+    holders: dict[str, int] = {}
+    for per_device in tracker.get_tracker_snapshot("peak").values():
+        for kind, value in per_device.items():
+            name = str(getattr(kind, "value", kind))
+            holders[name] = holders.get(name, 0) + int(value)
+    return holders.pop("Total", sum(holders.values())), holders
+
+
+def measure_optimizer_step(strategy: Any, module: nn.Module, optimizers: list[Optimizer], flops: int) -> StepMeasure:
+    """A pipeline stage's step without its schedule (whose warm-up reads values its peers send, which a fake
+    process group cannot deliver): gradients like the parameters, then the optimizer step, measured. The peak
+    leaves out activations; ``flops`` is the caller's estimate."""
+    for p in _unique(module.parameters()):
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    tracker = _tracker(strategy, optimizers)
+    comms = CollectiveLog(strategy.device_mesh)
+    with tracker, comms:
+        for optimizer in optimizers:
+            strategy.optimizer_step(optimizer, lambda: None)
+    total, holders = _peak(tracker)
+    return StepMeasure(total, holders, comms.collectives, flops, whole_step=False)
+
+
 def measure_step(strategy: Any, module: nn.Module, optimizers: list[Optimizer], batch: Any) -> StepMeasure:
     """Run one training step as the Trainer's loop does (``strategy.training_step``, ``backward``,
     ``optimizer_step`` of each optimizer), under the memory tracker, a :class:`CollectiveLog` and a FLOP counter."""
@@ -91,11 +118,5 @@ def measure_step(strategy: Any, module: nn.Module, optimizers: list[Optimizer], 
         strategy.backward(loss)
         for optimizer in optimizers:
             strategy.optimizer_step(optimizer, lambda: None)
-    peak = tracker.get_tracker_snapshot("peak")
-    holders: dict[str, int] = {}
-    for per_device in peak.values():
-        for kind, value in per_device.items():
-            name = str(getattr(kind, "value", kind))
-            holders[name] = holders.get(name, 0) + int(value)
-    total = holders.pop("Total", sum(holders.values()))
+    total, holders = _peak(tracker)
     return StepMeasure(total, holders, comms.collectives, int(flops.get_total_flops()))

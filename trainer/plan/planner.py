@@ -86,6 +86,7 @@ def _role_dict(role: Role) -> dict[str, Any]:
     return {"name": role.name, "ranks": role.ranks, **top.held, "peak_bytes": top.step.peak_bytes,
             "peak_holders": top.step.peak_holders, "smallest_peak_bytes": role.smallest.step.peak_bytes,
             "largest_rank": top.rank, "smallest_rank": role.smallest.rank, "flops": top.step.flops,
+            "whole_step": top.step.whole_step,
             "collectives": [c.as_dict() for c in top.step.collectives],
             "collectives_summary": summarise(top.step.collectives)}  # fmt: skip
 

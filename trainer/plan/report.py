@@ -14,6 +14,8 @@ def _size(value: float) -> str:
 
 
 def _seconds(value: float) -> str:
+    if value < 1e-3:
+        return f"{value * 1e6:.1f} µs"
     return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
@@ -33,6 +35,10 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"{role['name']:<22}{len(role['ranks']):>8}{_size(role['param_bytes']):>12}"
                      f"{_size(role['grad_bytes']):>12}{_size(role['optimizer_bytes']):>12}"
                      f"{_size(role['peak_bytes']):>12}  {biggest} ({_size(holders.get(biggest, 0))})")  # fmt: skip
+    if not all(role["whole_step"] for role in data["roles"]):
+        lines.append("pipeline stages: set-up (cut, sharding) and optimizer step planned; the schedule's forward and "
+                     "backward are not (a fake process group cannot carry activations between stages), so their peak "
+                     "leaves out activations and their FLOPs are 6 × parameters × tokens")  # fmt: skip
     peaks = data["peak_bytes"]
     lines.append(f"largest rank peak {_size(peaks['largest'])}, smallest {_size(peaks['smallest'])}, imbalance "
                  f"{peaks['imbalance'] * 100:.1f}%")  # fmt: skip

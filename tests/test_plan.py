@@ -132,3 +132,16 @@ def test_import_trainer_imports_nothing_of_the_planner():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_slurm_submit_plans_first_and_refuses_without_writing_or_submitting(capsys, tmp_path, monkeypatch):
+    """Where no SLURM runs (tests/slurm/test_slurm_plan.py checks the queue on a real cluster): the refusal comes
+    before the script is written or ``sbatch`` is looked for."""
+    from trainer.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    status = main(["slurm", str(SCRIPTS / "report.py"), "--accelerator", "cpu", "--devices-per-node", "3", "--submit",
+                   "--plan", MODULE, "--plan-args", "--strategy nd_parallel --tp 3 --micro-batch-size 2 --seq-len 16"])
+    err = capsys.readouterr().err
+    assert status == 2 and "the plan refuses this job, so nothing was submitted" in err, err
+    assert not list(tmp_path.glob("*.sbatch"))

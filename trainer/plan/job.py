@@ -103,8 +103,8 @@ def _check_global_batch(spec: JobSpec, dp: int) -> None:
     spec.accumulate = spec.global_batch_size // (dp * micro)
 
 
-def first_attribute(module: nn.Module, names: tuple[str, ...]) -> Optional[int]:
-    """The first of ``names`` set to an int on the module, its ``config``/``hparams``, or a submodule."""
+def first_attribute(module: nn.Module, names: tuple[str, ...]) -> Optional[tuple[str, int]]:
+    """The first of ``names`` set to an int on the module, its ``config``/``hparams``, or a submodule: (name, value)."""
     holders: list[Any] = [module, getattr(module, "config", None), getattr(module, "hparams", None)]
     holders += [m for m in module.modules() if m is not module]
     for holder in holders:
@@ -113,7 +113,7 @@ def first_attribute(module: nn.Module, names: tuple[str, ...]) -> Optional[int]:
         for name in names:
             value = holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
+                return name, value
     return None
 
 
@@ -124,19 +124,23 @@ def check_divisible_by_tp(module: nn.Module, tp: int) -> None:
         return
     for what, names in (("attention heads", _HEADS), ("key/value heads", _KV_HEADS), ("hidden size", _HIDDEN),
                         ("vocabulary", _VOCAB)):  # fmt: skip
-        value = first_attribute(module, names)
-        if value is not None and value % tp:
+        found = first_attribute(module, names)
+        if found is None:
+            continue
+        name, value = found
+        if value % tp:
             fits = [d for d in range(1, tp) if value % d == 0 and tp % d == 0]
             raise ConfigurationError(
                 f"every tensor-parallel rank: --tp {tp} does not divide the {value} {what} "
-                f"({names[0]}): each of the {tp} ranks of a tp group would hold {value / tp:g}. Use --tp "
+                f"({name}): each of the {tp} ranks of a tp group would hold {value / tp:g}. Use --tp "
                 f"{max(fits)} (or another divisor of {value})."
             )
 
 
 def layer_count(module: nn.Module) -> Optional[int]:
     """The number of transformer layers, where the module says (``n_layers``, ``num_hidden_layers``, ...)."""
-    return first_attribute(module, _LAYERS)
+    found = first_attribute(module, _LAYERS)
+    return found[1] if found else None
 
 
 class PlainModule(TrainModule):

@@ -29,6 +29,20 @@ from torch.overrides import TorchFunctionMode
 from trainer.strategies.errors import ConfigurationError
 
 
+_ALLOCATE_ONLY: list[Any] = [None]
+
+
+@contextlib.contextmanager
+def allocate_only(mode: Any) -> Iterator[None]:
+    """Inside this block :func:`materialize` allocates the tensors under ``mode`` (a ``FakeTensorMode``) and leaves
+    them uninitialised: a dry run of the set-up (``trainer plan``) needs each rank's shapes, not its values."""
+    _ALLOCATE_ONLY[0], before = mode, _ALLOCATE_ONLY[0]
+    try:
+        yield
+    finally:
+        _ALLOCATE_ONLY[0] = before
+
+
 class SkipInit(TorchFunctionMode):
     """``torch.nn.init.*`` calls return their tensor untouched: modules are built with uninitialised memory."""
 
@@ -107,6 +121,12 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
     _refuse_what_cannot_be_initialised(module, origins, meta_names, recorded, init_weights)
     kept = {name: _local(tensor).detach() for name, tensor in named if not _local(tensor).is_meta}
     ties = _tied_slots(module)
+    if _ALLOCATE_ONLY[0] is not None:
+        with _ALLOCATE_ONLY[0]:
+            module.to_empty(device=device)
+        _retie(ties)
+        forget(module)
+        return True
     module.to_empty(device=device)
     _retie(ties)  # to_empty makes a new Parameter per module from meta, which unties a tied weight
     tensors = dict(_unique_named_tensors(module))

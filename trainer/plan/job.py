@@ -106,7 +106,8 @@ def _check_global_batch(spec: JobSpec, dp: int) -> None:
 def first_attribute(module: nn.Module, names: tuple[str, ...]) -> Optional[tuple[str, int]]:
     """The first of ``names`` set to an int on the module, its ``config``/``hparams``, or a submodule: (name, value)."""
     holders: list[Any] = [module, getattr(module, "config", None), getattr(module, "hparams", None)]
-    holders += [m for m in module.modules() if m is not module]
+    for sub in module.modules():
+        holders += [getattr(sub, "config", None)] + ([sub] if sub is not module else [])
     for holder in holders:
         if holder is None:
             continue

@@ -145,3 +145,24 @@ def test_slurm_submit_plans_first_and_refuses_without_writing_or_submitting(caps
     err = capsys.readouterr().err
     assert status == 2 and "the plan refuses this job, so nothing was submitted" in err, err
     assert not list(tmp_path.glob("*.sbatch"))
+
+
+def test_a_transformers_model_is_refused_by_its_config_heads(capsys, tmp_path):
+    pytest.importorskip("transformers", reason="the Hugging Face check needs transformers (pip install .[hf])")
+    from trainer.cli import main
+
+    source = tmp_path / "hf.py"
+    source.write_text(
+        "import torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n\n"
+        "def make_model():\n"
+        "    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,\n"
+        "                         num_attention_heads=4, num_key_value_heads=2)\n"
+        "    model = LlamaForCausalLM(config)\n"
+        "    model.example_input_array = torch.zeros(2, 16, dtype=torch.long)\n"
+        "    return model\n"
+    )
+    status = main(["plan", f"{source}:make_model", "--world-size", "3", "--strategy", "nd_parallel", "--tp", "3",
+                   "--tp-plan", "megatron"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and "--tp 3 does not divide the 4 attention heads (num_attention_heads)" in err, err

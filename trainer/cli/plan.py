@@ -33,7 +33,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--devices-per-node", type=positive_int, default=None, metavar="G")
     parser.add_argument("--world-size", type=positive_int, default=None, metavar="N",
                         help="checked against nodes × devices-per-node (alone: one node of N devices)")
-    parser.add_argument("--strategy", default="fsdp", help="fsdp, zero2, nd_parallel, ddp or zero1")
+    parser.add_argument("--strategy", default="fsdp", help="fsdp, zero2 or nd_parallel")
     for flag in ("dp_replicate", "dp_shard", "tp", "pp"):
         parser.add_argument(f"--{flag.replace('_', '-')}", type=int, default=-1 if flag == "dp_shard" else 1,
                             metavar="N", help="-1: what the others leave" if flag == "dp_shard" else None)  # fmt: skip

@@ -230,5 +230,12 @@ def suggest_layouts(plan: Plan, role: Role, budget: int) -> list[str]:
     return out[:4]
 
 
-def _gb(value: float) -> str:
-    return f"{value / 2**30:.2f} GiB"
+def human_bytes(value: float) -> str:
+    """``1.50 GiB``, ``12.00 KiB``, ``512 B``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{int(value)} B"
+
+
+_gb = human_bytes

@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from launching import SCRIPTS, finish, start, trainer_command, run
+from trainer.cli.env import collect
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.launch.environments import (
     KubeflowEnvironment, LocalEnvironment, SkyPilotEnvironment, TorchElasticEnvironment, detect_environment,
@@ -78,6 +79,8 @@ def test_pod_variables_give_node_level_ranks_and_clear_errors(no_job_variables, 
         monkeypatch.setenv(key, value)
     env = detect_environment()
     assert isinstance(env, KubeflowEnvironment) and not env.creates_processes_externally
+    shown = collect()["cluster"]  # `trainer env`
+    assert (shown["name"], shown["nodes"], shown["node_rank"]) == ("KubeflowEnvironment", 3, 2)
     env.validate(4, 3)
     assert (env.world_size(), env.node_rank(), env.global_rank(), env.main_address, env.main_port) == (12, 2, 8, "10.0.0.5", 23456)
     with pytest.raises(ConfigurationError, match=r"3 node\(s\).*num_nodes=2.*Set Trainer\(num_nodes=3\)"):
@@ -102,7 +105,7 @@ def test_skypilot_nodes_wire_the_rendezvous_from_node_ips(no_job_variables, monk
                            SKYPILOT_NUM_GPUS_PER_NODE="8").items():  # fmt: skip
         monkeypatch.setenv(key, value)
     env = detect_environment()
-    assert isinstance(env, SkyPilotEnvironment)
+    assert isinstance(env, SkyPilotEnvironment) and collect()["cluster"]["name"] == "SkyPilotEnvironment"
     env.validate(8, 2)
     assert (env.world_size(), env.global_rank(), env.main_address, env.main_port) == (16, 8, "10.1.0.7", 29500)
     assert env.launch_variables(3)["RANK"] == "11" and env.launch_variables(3)["MASTER_ADDR"] == "10.1.0.7"

@@ -76,8 +76,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--devices", type=int, default=None)
     parser.add_argument("--num-nodes", type=int, default=None)
+    parser.add_argument("--fail-at", type=int, default=None, help="under Ray: rank 1 raises at this step, first attempt")
     args = parser.parse_args(argv)
-    fit(dict(out=args.out, steps=args.steps, strategy=args.strategy, every=args.every, devices=args.devices,
+    fit(dict(out=args.out, steps=args.steps, strategy=args.strategy, every=args.every, devices=args.devices, fail_at=args.fail_at,
              num_nodes=args.num_nodes))  # fmt: skip
 
 

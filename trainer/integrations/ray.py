@@ -141,3 +141,40 @@ def checkpoint_from_ray(announce: bool) -> Optional[str]:
         print(f"[trainer] Ray Train restarted the worker group: resuming from '{path}' (ray.train.get_checkpoint()).",
               flush=True)  # fmt: skip
     return path
+
+
+def run_script(script: str, script_args: list[str], num_workers: int, address: Optional[str] = None,
+               use_gpu: bool = False, variables: Optional[dict[str, str]] = None, storage_path: Optional[str] = None,
+               max_failures: int = 0, name: Optional[str] = None) -> Any:  # fmt: skip
+    """Run a plain training script in ``num_workers`` Ray Train workers (``trainer run --ray ADDRESS``); returns
+    Ray's ``Result`` (its ``checkpoint`` is the last one the Trainer reported).
+
+    Each worker runs the script as ``__main__`` with ``script_args``; the script must be at the same path on every
+    node (a shared filesystem). ``address`` is ``ray.init``'s (``"auto"``, ``"ray://HOST:10001"``; ``None`` or
+    ``"local"`` starts a local cluster). ``variables`` are exported in the workers first; ``max_failures`` restarts
+    the worker group after a failure, resuming from the last checkpoint."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    if not os.path.isfile(script):
+        raise ConfigurationError(f"script '{script}' does not exist (resolved to '{os.path.abspath(script)}').")
+    if not ray.is_initialized():
+        ray.init(address=None if address in (None, "local") else address)
+    config = {"script": os.path.abspath(script), "argv": list(script_args), "variables": dict(variables or {})}
+    run_config = RunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=max_failures))
+    job = TorchTrainer(_run_script_in_worker, train_loop_config=config, run_config=run_config,
+                       scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
+                       torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"))  # fmt: skip
+    return job.fit()
+
+
+def _run_script_in_worker(config: dict[str, Any]) -> None:
+    """Ray Train's ``train_loop_per_worker`` of :func:`run_script`: the script as ``__main__``."""
+    import runpy
+    import sys
+
+    os.environ.update(config["variables"])
+    sys.argv = [config["script"], *config["argv"]]
+    sys.path.insert(0, os.path.dirname(config["script"]))
+    runpy.run_path(config["script"], run_name="__main__")

@@ -151,7 +151,29 @@ def test_trainer_k8s_writes_a_manifest_kubeflow_accepts(kind, tmp_path):
     assert '"num_nodes": 2' in env["TRAINER_ARGS"] and '"default_root_dir": "/checkpoints"' in env["TRAINER_ARGS"]
 
 
+def test_trainer_k8s_prints_the_manifest_with_dash(tmp_path):
+    printed = run(trainer_command("k8s", "train.py", "--image", "img", "--accelerator", "cpu", "-o", "-"), cwd=tmp_path,
+                  timeout=60)  # fmt: skip
+    doc = yaml.safe_load(printed)
+    assert doc["kind"] == "PyTorchJob" and "Worker" not in doc["spec"]["pytorchReplicaSpecs"]  # one pod
+    assert "resources" not in doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert not list(tmp_path.iterdir())
+
+
 def test_trainer_k8s_refuses_a_name_kubernetes_refuses(tmp_path):
     process = start(trainer_command("k8s", "Train_Model.py", "--image", "x", "--job-name", "Bad_Name"), cwd=tmp_path)
     output = finish(process, timeout=60, expect=2)
     assert "is not a Kubernetes name" in output and "--job-name" in output
+
+
+def test_a_restarted_pod_resumes_from_the_newest_checkpoint(no_job_variables, monkeypatch, tmp_path, capsys):
+    from helpers import Regressor, loader, quiet_trainer
+
+    monkeypatch.setenv("TRAINER_AUTO_RESUME", "1")  # what `trainer k8s` manifests export
+    first = quiet_trainer(max_steps=3, enable_checkpointing=True, default_root_dir=tmp_path)
+    first.fit(Regressor(), loader())  # the pod's first start: nothing to resume, training starts over
+    assert first.ckpt_path is None and "training starts over" in capsys.readouterr().out
+    again = quiet_trainer(max_steps=5, enable_checkpointing=True, default_root_dir=tmp_path)
+    again.fit(Regressor(), loader())  # the restarted pod
+    assert "TRAINER_AUTO_RESUME=1" in capsys.readouterr().out and again.ckpt_path is not None
+    assert again.global_step == 5

@@ -34,6 +34,20 @@ class FailOnce(Callback):
             raise RuntimeError(f"worker failure injected at step {self.step}")
 
 
+def strategy_of(name: str) -> Any:
+    """A strategy name, or for the layouts that need sizes, the strategy for 2 ranks (``nd_parallel``: FSDP2 over
+    both; ``deepspeed``: ZeRO stage 2)."""
+    if name == "nd_parallel":
+        from trainer.strategies import NDParallelStrategy
+
+        return NDParallelStrategy(dp_shard=2)
+    if name == "deepspeed":
+        from trainer.strategies.data_parallel.deepspeed import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(stage=2)
+    return name
+
+
 def fit(config: dict[str, Any]) -> None:
     """Train once per strategy of ``config["strategy"]`` (comma-separated), into ``out/<strategy>``; ``config``
     also holds steps, every (checkpoint interval), devices, num_nodes, fail_at."""
@@ -53,7 +67,7 @@ def fit_one(config: dict[str, Any]) -> None:
     if config.get("fail_at") is not None:
         callbacks.append(FailOnce(config["fail_at"]))
     placement = {key: config[key] for key in ("devices", "num_nodes") if config.get(key) is not None}
-    trainer = Trainer(accelerator="cpu", strategy=config.get("strategy", "ddp"), max_steps=config.get("steps", 16),
+    trainer = Trainer(accelerator="cpu", strategy=strategy_of(config.get("strategy", "ddp")), max_steps=config.get("steps", 16),
                       logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=out,
                       callbacks=callbacks, **placement)  # fmt: skip
     trainer.fit(model, data)

@@ -1,7 +1,7 @@
 """``trainer k8s``: write a Kubeflow manifest (PyTorchJob or TrainJob) for a Kubernetes cluster.
 
 ``trainer k8s train.py --nodes 2 --devices-per-node 8 --image registry/me/train:1 --pvc ckpts -- --lr 0.1``
-writes ``train.yaml``; apply it with ``kubectl apply -f train.yaml``. Each pod asks for its GPUs, runs the
+writes ``train.yaml`` (``-o -`` prints it: ``trainer k8s ... -o - | kubectl apply -f -``). Each pod asks for its GPUs, runs the
 script from ``--workdir`` in the image, mounts the claim ``--pvc`` at ``--mount`` (the run's folder, so
 checkpoints outlive a pod) and gets ``--grace-period`` seconds after SIGTERM: the Trainer saves within them.
 A pod that restarts resumes from the newest checkpoint there (``TRAINER_AUTO_RESUME=1``).
@@ -55,7 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--job-name", "-J", metavar="NAME", help="default: the script's name")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="export in the pods (repeatable)")
     parser.add_argument("--python", default="python", metavar="PATH", help="interpreter in the image (default python)")
-    parser.add_argument("--output", "-o", metavar="FILE", help="where to write the manifest (default JOB_NAME.yaml)")
+    parser.add_argument("--output", "-o", metavar="FILE", help="where to write the manifest (default JOB_NAME.yaml; - prints it)")
     parser.set_defaults(handler=main)
     return parser
 
@@ -161,6 +161,9 @@ def main(args: argparse.Namespace) -> int:
     document = manifest(args, name, config.num_nodes, config.devices, variables)
     text = (f"# Written by `trainer k8s` on {datetime.date.today()}; apply with kubectl apply -f.\n"
             + yaml.safe_dump(document, sort_keys=False))  # fmt: skip
+    if args.output == "-":
+        print(text, end="")
+        return 0
     path = Path(args.output or f"{name}.yaml")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

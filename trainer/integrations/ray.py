@@ -38,6 +38,9 @@ def connect(trainer: Any) -> None:
     """In a Ray Train worker, report the Trainer's checkpoints to Ray and resume from Ray's; elsewhere nothing."""
     if ray_train_context() is None:
         return
+    # Ray runs the training function in a thread of its worker, where Python cannot handle signals; Ray itself
+    # stops and restarts the workers (no "stop signals are not handled" warning on every fit)
+    trainer._faults.signals.actions.clear()
     connector = trainer._checkpoint
     connector.saved_listeners.append(RayReporter(trainer))
     connector.resume_source = lambda: checkpoint_from_ray(trainer.is_global_zero)

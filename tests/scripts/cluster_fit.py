@@ -4,7 +4,8 @@
 regressor, saving a checkpoint every K steps, and every rank writes its final weights to ``OUT/<strategy>/weights-rank<R>.pt`` (global rank 0 also to
 ``weights.pt``) (``--strategy ddp,fsdp``: one fit each).
 :func:`fit` is the same fit as a function (Ray's ``train_loop_per_worker``); ``fail_at`` raises on global rank 1
-at that step on the first attempt (no checkpoint from Ray yet), as a crashed worker would.
+at that step on the first attempt (no checkpoint from Ray yet), as a crashed worker would; ``ray_data`` adds a DDP fit
+on this worker's shard of the Ray Dataset ``"train"`` (``OUT/ray_data``).
 """
 import argparse
 import sys
@@ -53,6 +54,35 @@ def fit(config: dict[str, Any]) -> None:
     also holds steps, every (checkpoint interval), devices, num_nodes, fail_at."""
     for name in config.get("strategy", "ddp").split(","):
         fit_one({**config, "strategy": name, "out": str(Path(config["out"]) / name)})
+    if config.get("ray_data"):
+        fit_one({**config, "strategy": "ddp", "out": str(Path(config["out"]) / "ray_data"), "fail_at": None})
+
+
+class RayShard:
+    """This worker's shard of the Ray Dataset ``"train"`` as ``(x, y, ids)`` batches (iterated anew each epoch)."""
+
+    def __iter__(self):
+        import ray.train
+
+        for batch in ray.train.get_dataset_shard("train").iter_torch_batches(batch_size=4):
+            yield batch["x"].float(), batch["y"].float().unsqueeze(1), batch["id"]
+
+
+class IdRegressor(Regressor):
+    """The regressor on ``(x, y, ids)`` batches."""
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch[:2], batch_idx)
+
+
+class SeenIds(Callback):
+    """Records the sample ids this rank trained on (the third element of a Ray Data batch)."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.ids.extend(int(i) for i in batch[2])
 
 
 def fit_one(config: dict[str, Any]) -> None:
@@ -60,10 +90,15 @@ def fit_one(config: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     out = Path(config["out"])
     torch.manual_seed(0)
-    model = Regressor()
-    data = DataLoader(regression_data(n=64), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+    ray_data = config["out"].endswith("ray_data")
+    model = IdRegressor() if ray_data else Regressor()
+    data = RayShard() if ray_data else DataLoader(regression_data(n=64), batch_size=4, shuffle=True,
+                                                   generator=torch.Generator().manual_seed(1))  # fmt: skip
     callbacks: list = [ModelCheckpoint(dirpath=out / "checkpoints", every_n_train_steps=config.get("every", 5),
                                        save_top_k=-1)]  # fmt: skip
+    seen = SeenIds()
+    if ray_data:
+        callbacks.append(seen)
     if config.get("fail_at") is not None:
         callbacks.append(FailOnce(config["fail_at"]))
     placement = {key: config[key] for key in ("devices", "num_nodes") if config.get(key) is not None}
@@ -76,7 +111,7 @@ def fit_one(config: dict[str, Any]) -> None:
              for k, v in model.state_dict().items()}  # fmt: skip
     report = {"state_dict": state, "world_size": trainer.world_size, "global_step": trainer.global_step,
               "environment": type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
-              "ranks": (trainer.global_rank, trainer.local_rank, trainer.node_rank)}  # fmt: skip
+              "ranks": (trainer.global_rank, trainer.local_rank, trainer.node_rank), "seen_ids": seen.ids}  # fmt: skip
     torch.save(report, out / f"weights-rank{trainer.global_rank}.pt")
     if trainer.is_global_zero:
         torch.save(report, out / "weights.pt")

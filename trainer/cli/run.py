@@ -86,7 +86,8 @@ def check_launch(config: ExperimentConfig, script: str, module: bool) -> None:
 def main(args: argparse.Namespace) -> int:
     """Build the torchrun command and replace this process with it (signals reach the agent directly)."""
     config = merged_config(args.config, {key: getattr(args, key) for key in FLAGS})
-    check_launch(config, args.script, args.module)
+    if not args.ray:  # Ray places the workers itself: no node rank or main address here
+        check_launch(config, args.script, args.module)
     check_trainer_values({**config.trainer, **args.trainer_args}, f"{args.config}: trainer." if args.config else "--trainer.")
     command = torchrun_command(config, args.script, args.script_args, args.module)
     variables = job_variables(config, args.config, args.trainer_args)

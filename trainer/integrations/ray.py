@@ -12,6 +12,9 @@ Inside ``train_loop_per_worker`` of a ``ray.train.torch.TorchTrainer`` the strat
   first fit of a restarted worker that has not reported yet does: a function that fits several models in turn
   resumes the first of them.
 
+A worker's shard of a Ray Dataset (``ray.train.get_dataset_shard(name).iter_torch_batches(...)``, wrapped in an
+iterable that iterates it anew each epoch) is training data like any iterable.
+
 :func:`run` is the launcher: it runs a plain training script on a Ray cluster (``trainer run --ray ADDRESS``).
 """
 from __future__ import annotations

@@ -118,10 +118,12 @@ def test_the_wheel_installs_only_the_trainer_package_under_our_own_distribution_
 
 def test_import_trainer_loads_no_heavy_optional_module():
     """``import trainer`` stays cheap (benchmarks/import_time.py's target): Dynamo, inductor, DTensor, tensorboard and
-    the other heavy parts load when a run uses them, never at import (a decorator applied at import time did)."""
+    the other heavy parts load when a run uses them, never at import (a decorator applied at import time did); so do
+    the cluster libraries (Ray, submitit, Kubernetes' client, YAML for ``trainer k8s``)."""
     code = (
         "import sys, torch\nbefore = set(sys.modules)\nimport trainer\n"
-        "heavy = ['torch._dynamo', 'torch._inductor', 'torch.distributed.tensor', 'tensorboard', 'torchmetrics', 'rich']\n"
+        "heavy = ['torch._dynamo', 'torch._inductor', 'torch.distributed.tensor', 'tensorboard', 'torchmetrics', 'rich',\n"
+        "         'ray', 'submitit', 'kubernetes', 'yaml']\n"
         "print([m for m in heavy if m in sys.modules and m not in before])\n"
     )
     result = _run(code, ROOT)

@@ -33,6 +33,7 @@ from trainer.checkpoint import auto_resume
 from trainer.checkpoint.data_position import set_sampler_epoch
 from trainer.data.combined_loader import CombinedLoader
 from trainer.faults import slurm_requeue
+from trainer import integrations
 from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
                                       check_init_setting, checkpoints_last, resolve_max_epochs, validate_arguments, with_max_time)
 from trainer.checkpoint.connector import CheckpointConnector
@@ -199,6 +200,7 @@ class Trainer:
         self._checkpoint = CheckpointConnector(self)
         self._faults = FaultMonitor(self, stop_signals, on_nonfinite_loss)
         slurm_requeue.connect(self)
+        integrations.connect(self)  # Ray Train's report and resume, when this is a Ray Train worker
         self.ckpt_path: Optional[str] = None  # the checkpoint the last fit/validate/test restored
         self._optimizers: list[torch.optim.Optimizer] = []
         #: What ``module.optimizers()`` returns: the optimizers wrapped to step through the strategy.

@@ -24,7 +24,7 @@ import ast
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 
 from trainer.strategies.checkpoint import storage
@@ -55,6 +55,10 @@ class CheckpointConnector:
         self._resume: Optional[dict[str, Any]] = None
         self._pending: Optional[tuple[Any, dict[str, Any]]] = None  # restored in part: the rest after on_fit_start
         self._writer: Any = None  # the BackgroundWriter of asynchronous saves, created by the first one
+        #: Told of every full checkpoint once it is complete, on every rank (a cluster integration: Ray's report).
+        self.saved_listeners: list[Callable[[str], None]] = []
+        #: Where a fit without ``ckpt_path`` resumes from, when a cluster integration knows (Ray's get_checkpoint).
+        self.resume_source: Optional[Callable[[], Optional[str]]] = None
 
     # ------------------------------------------------------------------ saving
     def dump(self, weights_only: bool = False) -> dict[str, Any]:
@@ -109,6 +113,10 @@ class CheckpointConnector:
         strategy.barrier("save_checkpoint")
         if not weights_only:
             self.last_saved_path = path
+            if self.saved_listeners:
+                self.finish_writes()  # listeners get a complete checkpoint, also from an asynchronous save
+                for listener in self.saved_listeners:
+                    listener(path)
 
     @property
     def writer(self) -> Any:

@@ -4,6 +4,7 @@
 ``config``     write an experiment/launch file (prompts on a terminal, flags otherwise)
 ``run``        launch a script on this node through ``torch.distributed.run`` (torchrun)
 ``slurm``      write an sbatch script for a SLURM cluster, and submit it with ``--submit``
+``k8s``        write a Kubeflow PyTorchJob/TrainJob manifest for a Kubernetes cluster
 ``env``        print what the Trainer detects here (cluster, ranks, devices, versions)
 ``checkpoint`` ``consolidate DIR OUT``: one file from a sharded folder; ``export --format hf``: an HF folder
 ``estimate-memory``  per-device memory of a module under each strategy, and a recommendation
@@ -24,7 +25,7 @@ from typing import Optional
 
 from trainer.strategies.errors import ConfigurationError
 
-COMMANDS = ("config", "run", "slurm", "env", "checkpoint", "estimate_memory", "plan")
+COMMANDS = ("config", "run", "slurm", "k8s", "env", "checkpoint", "estimate_memory", "plan")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from trainer.strategies.errors import ConfigurationError
+from trainer.cli import ray_launch
 from trainer.cli.common import (
     command_parser, job_variables, merged_config, non_negative_int, port, positive_int, value_options,
 )
@@ -39,6 +40,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="restart the workers up to K times after a failure (default 0)")  # fmt: skip
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, as in `python -m`")
     parser.add_argument("--dry-run", action="store_true", help="print the command and variables instead of running")
+    ray_launch.add_arguments(parser)
     parser.add_argument("script", metavar="SCRIPT", help="the training script (its arguments follow it)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(handler=main)
@@ -84,10 +86,14 @@ def check_launch(config: ExperimentConfig, script: str, module: bool) -> None:
 def main(args: argparse.Namespace) -> int:
     """Build the torchrun command and replace this process with it (signals reach the agent directly)."""
     config = merged_config(args.config, {key: getattr(args, key) for key in FLAGS})
-    check_launch(config, args.script, args.module)
+    if not args.ray:  # Ray places the workers itself: no node rank or main address here
+        check_launch(config, args.script, args.module)
     check_trainer_values({**config.trainer, **args.trainer_args}, f"{args.config}: trainer." if args.config else "--trainer.")
     command = torchrun_command(config, args.script, args.script_args, args.module)
     variables = job_variables(config, args.config, args.trainer_args)
+    on_ray = ray_launch.main(args, config, variables)
+    if on_ray is not None:
+        return on_ray
     if args.dry_run:
         print(" ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items()), shlex.join(command))
         return 0

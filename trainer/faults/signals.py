@@ -75,10 +75,16 @@ class SignalConnector:
         self.received: Optional[int] = None
         self.on_receive: Optional[Callable[[int], None]] = None
         self._previous: dict[int, Any] = {}
+        self._taken_over: set[int] = set()  # signals whose earlier handler must not run (the action replaces it)
 
     def register(self, signum: Union[int, signal.Signals], action: SignalAction) -> None:
         """Run ``action(trainer, signum)`` on every rank, at a step boundary, when ``signum`` arrives."""
         self.actions[int(signum)] = action
+
+    def take_over(self, signum: Union[int, signal.Signals]) -> None:
+        """Do not chain the handler installed before for ``signum``: the registered action does its job (submitit's
+        handler would requeue and exit at once, mid-step, before the checkpoint is saved)."""
+        self._taken_over.add(int(signum))
 
     def install(self) -> None:
         """Handle the registered signals (main thread only; elsewhere Python cannot install handlers)."""
@@ -99,7 +105,7 @@ class SignalConnector:
         """Put back the handlers that were installed before :meth:`install`; a signal that arrived too late to be
         acted on (after the last step) is delivered to them, so the process still does what it was asked."""
         pending, self.received = self.received, None
-        chained = pending is not None and _chains(self._previous.get(pending))
+        chained = pending is not None and (pending in self._taken_over or _chains(self._previous.get(pending)))
         for signum, previous in self._previous.items():
             if signal.getsignal(signum) == self._handle:
                 signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
@@ -122,7 +128,7 @@ class SignalConnector:
             return
         if self.received is None:
             self.received = signum
-        if _chains(previous):
+        if _chains(previous) and signum not in self._taken_over:
             previous(signum, frame)  # chain the handler the user had installed
         if self.on_receive is not None:
             self.on_receive(signum)

@@ -26,6 +26,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
+import torch
+
 
 from trainer.strategies.checkpoint import storage
 from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, safe_load, verify_once
@@ -426,6 +428,14 @@ class CheckpointConnector:
     def train_iterator(self, loader: Any, epoch: int, start_batch: int) -> Iterator[Any]:
         """This epoch's training iterator, positioned after ``start_batch`` batches without loading them."""
         resume, self._resume = self._resume, None
+        position = self.data_position
+        position.sample_seeds = bool(getattr(self.trainer, "sample_seeds", True))
+        if resume is not None:
+            position.adopt(resume.get("train_sampler"))
+        if position.sample_seeds and position.run_seed is None:  # one run seed for every rank (unseeded ranks differ)
+            strategy = self.trainer.strategy
+            seed = torch.initial_seed()
+            position.run_seed = int(strategy.broadcast(seed) if strategy.world_size > 1 else seed)
         if not start_batch:
             return self.data_position.iterator(loader, epoch)
         if resume is None:  # the same Trainer continues an epoch it stopped (e.g. a second fit with more max_steps)

@@ -27,6 +27,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.strategies.rank import rank_zero_warn
 from trainer.data.combined_loader import CombinedIterator, CombinedLoader
+from trainer.data.epoch_order import order_record, positionable, rest_of_epoch
+from trainer.data.sample_seeds import SampleKey, SampleKeys, SeededDataset, epoch_seed
 from trainer.reproducibility.seed import capture_rng_state, restore_rng_state
 
 
@@ -87,15 +89,20 @@ def _index_attribute(loader: Any) -> Optional[str]:
 
 
 class _IndexSampler:
-    """Stands in for a DataLoader's index sampler: records the random state at each epoch's first index and,
-    when armed, starts the next epoch ``skip`` index batches in."""
+    """Stands in for a DataLoader's index sampler: records the random state and the order at each epoch's first
+    index and, when armed, starts the next epoch ``skip`` index batches in. With per-sample seeds on
+    (``seed_base``), its index batches carry the epoch's seed to the dataset (see :mod:`trainer.data.sample_seeds`)."""
 
-    def __init__(self, inner: Any, generators: list[torch.Generator]) -> None:
+    def __init__(self, inner: Any, generators: list[torch.Generator], batched: bool) -> None:
         self.inner = inner
         self.generators = generators
+        self.batched = batched
         self.start_state: Optional[dict[str, Any]] = None
-        self.armed: Optional[tuple[int, dict[str, Any]]] = None
+        self.order: Optional[dict[str, Any]] = None
+        self.armed: Optional[tuple[int, dict[str, Any], Optional[dict[str, Any]], int]] = None
         self.positioned: Optional[_PositionedIndices] = None
+        self.seed_base: Optional[int] = None
+        self.seeded: Any = None  # the SeededDataset the loader reads through, when seeding per sample
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -106,31 +113,48 @@ class _IndexSampler:
         if self.armed is None:
             self.positioned = None
             # chain pulls _epoch() once, at the first index, then iterates the sampler itself: nothing per batch.
-            return itertools.chain.from_iterable(self._epoch())
-        self.positioned = _PositionedIndices(self, *self.armed)
-        return self.positioned
+            indices: Iterator[Any] = itertools.chain.from_iterable(self._epoch())
+        else:
+            self.positioned = indices = _PositionedIndices(self, *self.armed)
+        base = self.seed_base
+        if base is None:
+            return indices
+        if self.batched:
+            return map(SampleKeys, indices, itertools.repeat(base))
+        return map(SampleKey, indices, itertools.repeat(base))
 
     def _epoch(self) -> Iterator[Any]:
         self.start_state = _capture(self.generators)  # runs at the first index: where the sampler draws its seed
+        self.order = order_record(self.inner)
         yield self.inner
 
 
 class _PositionedIndices:
-    """The index batches of a resumed epoch: the sampler restarts from the saved state and drops ``skip``."""
+    """The index batches of a resumed epoch: entered at its position from the saved order where the sampler's order
+    is known (nothing drawn for the finished batches), else the sampler restarts from the saved state and drops
+    ``skip``."""
 
-    def __init__(self, owner: _IndexSampler, skip: int, state: dict[str, Any]) -> None:
+    def __init__(self, owner: _IndexSampler, skip: int, state: dict[str, Any], order: Optional[dict[str, Any]],
+                 consumed: int) -> None:  # fmt: skip
         self.owner = owner
         self.skip = skip
         self.state = state
+        self.order = order
+        self.consumed = consumed
         self.iterator: Optional[Iterator[Any]] = None
 
     def prime(self) -> None:
-        """Draw and drop the finished index batches now (before the training RNG is put back)."""
+        """Position the sampler now (before the training RNG is put back)."""
         if self.iterator is not None:
             return
         owner = self.owner
         _restore(self.state, owner.generators)
         owner.start_state = self.state
+        if self.order is not None and positionable(owner.inner):
+            owner.order = self.order
+            self.iterator = rest_of_epoch(self.order, self.consumed, owner.inner)
+            return
+        owner.order = order_record(owner.inner)
         iterator = iter(owner.inner)
         next(itertools.islice(iterator, self.skip - 1, self.skip), None)
         self.iterator = iterator
@@ -148,18 +172,25 @@ class _PositionedIndices:
 def _standing_in(loader: DataLoader, attribute: str, sampler: _IndexSampler) -> Iterator[None]:
     # DataLoader forbids setting its samplers after construction; the swap lasts only while the epoch's
     # iterator is created (which keeps its own reference), so the user's loader is left as it was.
-    original = getattr(loader, attribute)
+    original, dataset = getattr(loader, attribute), loader.dataset
     object.__setattr__(loader, attribute, sampler)
+    if sampler.seed_base is not None:
+        object.__setattr__(loader, "dataset", sampler.seeded)
     try:
         yield
     finally:
         object.__setattr__(loader, attribute, original)
+        object.__setattr__(loader, "dataset", dataset)
 
 
 class TrainDataPosition:
     """Creates each epoch's training iterator, positioned on resume; its state goes into checkpoints."""
 
-    def __init__(self) -> None:
+    def __init__(self, sample_seeds: bool = True) -> None:
+        #: Seed each sample's generators from (run seed, epoch, index) (see :mod:`trainer.data.sample_seeds`).
+        self.sample_seeds = sample_seeds
+        #: The run seed of per-sample seeds: the checkpoint's on resume, else ``torch.initial_seed()`` at first use.
+        self.run_seed: Optional[int] = None
         self.epoch = 0
         self.replicas = 1
         self.batch_size: Optional[int] = None
@@ -174,6 +205,8 @@ class TrainDataPosition:
         if isinstance(loader, CombinedLoader):
             if self._combined is None or self._combined.loader is not loader:
                 self._combined = _CombinedPosition(loader)
+            for child in self._combined.children:
+                child.sample_seeds, child.run_seed = self.sample_seeds, self._run_seed()
             self.epoch = epoch
             return self._combined.iterator(epoch, skip, saved)
         self._combined = None
@@ -187,20 +220,28 @@ class TrainDataPosition:
                 "continues at the same batch position, but a shuffled order may differ from the interrupted run."
             )
         self.batch_size = batch_size = getattr(loader, "batch_size", None)
+        attribute = _index_attribute(loader)
+        sampler = self._index_sampler(loader, attribute) if attribute is not None else None
+        order = saved.get("order") if start is not None else None
+        dealt = skip and order is not None and sampler is not None and positionable(sampler.inner)
         resplit = saved is not None and saved.get("replicas", self.replicas) != self.replicas
         if resplit and batch_size is not None:  # 2 ranks × batch 4 resume as 4 ranks × batch 2: the same batches
             resplit = saved.get("replicas", 1) * (saved.get("batch_size") or 0) != self.replicas * batch_size
+        elif resplit and dealt:  # the epoch's rest is dealt to the new ranks, but sample by sample
+            resplit = saved.get("replicas", 1) * (saved.get("batch_size") or 1) != self.replicas
         if skip and resplit:
             rank_zero_warn(
                 f"The checkpoint was saved mid-epoch with the data split {saved.get('replicas')} ways, now "
-                f"{self.replicas}: until this epoch ends, some samples may be seen twice and others not at all."
+                f"{self.replicas}: until this epoch ends, some samples may be seen twice and others not at all. "
+                "Keep the global batch (ranks × batch size) to resume exactly."
             )
-        attribute = _index_attribute(loader)
-        if attribute is None:
+        if sampler is None:
             return self._replayed(loader, skip, start)
-        sampler = self._index_sampler(loader, attribute)
+        sampler.seed_base = epoch_seed(self._run_seed(), epoch) if self.sample_seeds else None
         if skip:
-            sampler.armed = (skip, start if start is not None else _capture(sampler.generators))
+            consumed = skip * (saved.get("batch_size") or 1) * saved.get("replicas", 1) if dealt else 0
+            sampler.armed = (skip, start if start is not None else _capture(sampler.generators),
+                             order if dealt else None, consumed)  # fmt: skip
         with _standing_in(loader, attribute, sampler):
             iterator = iter(loader)
         sampler.armed = None
@@ -211,8 +252,20 @@ class TrainDataPosition:
     def _index_sampler(self, loader: DataLoader, attribute: str) -> _IndexSampler:
         if self._loader is not loader or self._sampler is None:
             self._loader = loader
-            self._sampler = _IndexSampler(getattr(loader, attribute), loader_generators(loader))
+            self._sampler = _IndexSampler(getattr(loader, attribute), loader_generators(loader),
+                                          attribute == "batch_sampler")  # fmt: skip
+            self._sampler.seeded = SeededDataset(loader.dataset)
         return self._sampler
+
+    def adopt(self, saved: Optional[dict[str, Any]]) -> None:
+        """Take the run seed of per-sample seeds from a checkpoint's ``train_sampler`` (a resumed fit)."""
+        if saved is not None and saved.get("run_seed") is not None:
+            self.run_seed = int(saved["run_seed"])
+
+    def _run_seed(self) -> int:
+        if self.run_seed is None:
+            self.run_seed = torch.initial_seed()
+        return self.run_seed
 
     def _replayed(self, loader: Any, skip: int, start: Optional[dict[str, Any]]) -> Iterator[Any]:
         self._sampler = None
@@ -238,7 +291,9 @@ class TrainDataPosition:
             return self._combined.state_dict()
         sampler = self._sampler
         start = sampler.start_state if sampler is not None else self._replay_state
-        return {"epoch": self.epoch, "start": start, "replicas": self.replicas, "batch_size": self.batch_size}
+        order = sampler.order if sampler is not None else None
+        return {"epoch": self.epoch, "start": start, "replicas": self.replicas, "batch_size": self.batch_size,
+                "order": order, "run_seed": self.run_seed}
 
 
 class _CombinedPosition:
@@ -276,4 +331,5 @@ class _CombinedPosition:
         combined = self.running.state_dict() if self.running is not None else None
         if combined is not None:
             combined["children"] = [child.state_dict() for child in self.children]
-        return {"epoch": self.epoch, "combined": combined, "replicas": max(c.replicas for c in self.children)}
+        return {"epoch": self.epoch, "combined": combined, "replicas": max(c.replicas for c in self.children),
+                "run_seed": self.children[0].run_seed if self.children else None}

@@ -237,7 +237,9 @@ class TrainDataPosition:
             )
         if sampler is None:
             return self._replayed(loader, skip, start)
-        sampler.seed_base = epoch_seed(self._run_seed(), epoch) if self.sample_seeds else None
+        # Only workers seed per sample: the main process draws from the training's stream, which checkpoints hold.
+        workers = getattr(loader, "num_workers", 0) > 0
+        sampler.seed_base = epoch_seed(self._run_seed(), epoch) if self.sample_seeds and workers else None
         if skip:
             consumed = skip * (saved.get("batch_size") or 1) * saved.get("replicas", 1) if dealt else 0
             sampler.armed = (skip, start if start is not None else _capture(sampler.generators),

@@ -93,20 +93,29 @@ def rest_of_epoch(record: dict[str, Any], consumed: int, index_sampler: Any) -> 
     sampler = _base_sampler(index_sampler)
     live = sampler.generator if type(sampler) is RandomSampler and record["kind"] == "random" else None
     order = _global_order(record, live)
-    rest = order[consumed:]
     rank, replicas = split_of(index_sampler)
-    if len(rest) % replicas:
-        if record.get("drop_last"):
-            rest = rest[: len(rest) // replicas * replicas]
-        else:
-            rest = list(rest) + list(rest[: replicas - len(rest) % replicas])
-    share = rest[rank::replicas]
-    indices: Iterator[Any] = iter(share)
+    left = len(order) - consumed
+    if left % replicas and not record.get("drop_last"):  # pad by wrapping around, as DistributedSampler pads
+        rest = list(order[consumed:])
+        rest += rest[: replicas - left % replicas]
+        indices: Iterator[Any] = iter(rest[rank::replicas])
+    else:  # entered in place: nothing copied or walked for the consumed part
+        stop = consumed + left // replicas * replicas
+        indices = _from(order, consumed + rank, stop, replicas)
     if live is not None:
         indices = itertools.chain(indices, _tail_draw(live, record["n"]))
     if type(index_sampler) is not BatchSampler:
         return indices
     return _batched(indices, index_sampler.batch_size, index_sampler.drop_last)
+
+
+def _from(order: Sequence[int], start: int, stop: int, step: int) -> Iterator[int]:
+    """``order[start:stop:step]`` without copying, entered in O(1) (a list iterator is set to its position)."""
+    if isinstance(order, range):
+        return iter(order[start:stop:step])
+    iterator = iter(order)
+    iterator.__setstate__(start)
+    return iterator if step == 1 and stop == len(order) else itertools.islice(iterator, 0, max(stop - start, 0), step)
 
 
 def _tail_draw(generator: torch.Generator, n: int) -> Iterator[Any]:

@@ -8,15 +8,16 @@ an epoch's iterator is created the training loader reads it through :class:`Seed
 sampler hands out :class:`SampleKeys` (the indices with the epoch's seed attached), which travel to the
 workers with the indices themselves, so persistent workers follow every epoch.
 
-In the main process (``num_workers=0``) the global generators are put back after each batch: loading data
-does not move the training's random stream.
+Only worker processes seed per sample. With ``num_workers=0`` the dataset draws from the training's own global
+stream, which checkpoints save and restore, so that resume is exact already at no cost; seeding there would also
+cost the main process about 10 µs per sample, which a tiny model's step would notice (benchmarks/data_resume.py).
 """
 from __future__ import annotations
 
 import random
 import sys
 import zlib
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, get_worker_info
@@ -73,22 +74,6 @@ class SampleKey:
         return SampleKey, (self.index, self.base)
 
 
-class _HeldState:
-    """The main process's global random state, put back once its data is loaded."""
-
-    def __init__(self) -> None:
-        numpy = sys.modules.get("numpy")
-        self.state = (torch.default_generator.get_state(), random.getstate(),
-                      numpy.random.get_state() if numpy is not None else None)  # fmt: skip
-
-    def restore(self) -> None:
-        torch_state, python_state, numpy_state = self.state
-        torch.default_generator.set_state(torch_state)
-        random.setstate(python_state)
-        if numpy_state is not None:
-            sys.modules["numpy"].random.set_state(numpy_state)
-
-
 class SeededDataset(Dataset):
     """Reads ``dataset`` with each sample's generators seeded first (for :class:`SampleKeys` and
     :class:`SampleKey`); any other index reads ``dataset`` untouched. Attributes are the dataset's."""
@@ -107,27 +92,20 @@ class SeededDataset(Dataset):
     def __getitem__(self, index: Any) -> Any:
         if not isinstance(index, SampleKey):
             return self.dataset[index]
-        held = _HeldState() if get_worker_info() is None else None
-        try:
+        if get_worker_info() is not None:
             seed_sample(sample_seed(index.base, index.index))
-            return self.dataset[index.index]
-        finally:
-            if held is not None:
-                held.restore()
+        return self.dataset[index.index]
 
     def __getitems__(self, indices: Any) -> list[Any]:
         dataset = self.dataset
         if not isinstance(indices, SampleKeys):
             getitems = getattr(dataset, "__getitems__", None)
             return getitems(indices) if getitems is not None else [dataset[i] for i in indices]
-        held: Optional[_HeldState] = _HeldState() if get_worker_info() is None else None
+        if get_worker_info() is None:  # the main process: the training's stream, saved in checkpoints
+            return [dataset[index] for index in indices]
         base = indices.base
-        try:
-            samples = []
-            for index in indices:
-                seed_sample(sample_seed(base, index))
-                samples.append(dataset[index])
-            return samples
-        finally:
-            if held is not None:
-                held.restore()
+        samples = []
+        for index in indices:
+            seed_sample(sample_seed(base, index))
+            samples.append(dataset[index])
+        return samples

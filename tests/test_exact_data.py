@@ -10,17 +10,28 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
+                              SequentialSampler, TensorDataset)
 
+from ckpt_support import TinyRegressor, make_trainer, same_weights
+from trainer import TrainModule
+from trainer.callbacks import Callback, ModelCheckpoint
 from trainer.data.epoch_order import order_record, rest_of_epoch
 
 SCRIPT = Path(__file__).parent / "scripts" / "augmented_fit.py"
 KILLED = 3
+
+
+def blobs(n: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(5)
+    return TensorDataset(torch.randn(n, 6, generator=generator), torch.randn(n, 1, generator=generator))
 
 
 def fit(root: Path, *args: str, expect: int = 0) -> None:
@@ -93,10 +104,10 @@ def test_augmented_data_in_two_workers_resumes_bitwise_equal_also_with_one_worke
 
 def test_without_sample_seeds_the_augmentation_drawn_by_workers_differs_after_resume(tmp_path: Path) -> None:
     # The control: what the switch turns off is what makes the resume above exact.
-    fit(tmp_path / "reference", "--no-sample-seeds")
-    fit(tmp_path / "run", "--kill-batch", "11", "--no-sample-seeds", expect=KILLED)
-    fit(tmp_path / "run", "--resume", "--no-sample-seeds")
-    assert steps(tmp_path / "run")[11:] != steps(tmp_path / "reference")[11:]
+    fit(tmp_path / "reference", "--no-sample-seeds", "--epochs", "1")
+    fit(tmp_path / "run", "--kill-batch", "3", "--no-sample-seeds", "--epochs", "1", expect=KILLED)
+    fit(tmp_path / "run", "--resume", "--no-sample-seeds", "--epochs", "1")
+    assert steps(tmp_path / "run")[3:] != steps(tmp_path / "reference")[3:]
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +139,77 @@ def test_saved_at_two_ranks_resumed_at_another_world_size_sees_every_sample_of_t
     fit(tmp_path / "run", "--resume", "--devices", str(ranks), "--batch-size", str(batch_size))
     seen = epoch_indices(tmp_path / "run", max(ranks, 2), epoch=1)
     assert seen == Counter(range(32))  # the 2 ranks' first 2 steps, then the rest dealt to the new ranks
+
+
+# ------------------------------------------------------------------------------ loaders that keep their own state
+class Crash(Callback):
+    def __init__(self, after_batches: int) -> None:
+        self.after_batches = after_batches
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.fit_loop.progress.total_batches == self.after_batches:
+            raise RuntimeError("simulated crash")
+
+
+class DictRegressor(TinyRegressor):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return super().training_step((batch["x"], batch["y"]), batch_idx)
+
+
+def fit_here(root: Path, make_loader: Callable[[], Any], module_class: type = TinyRegressor, crash_after: int = 0,
+             resume: bool = False) -> TrainModule:  # fmt: skip
+    torch.manual_seed(0)
+    loader, module = make_loader(), module_class()
+    callbacks: list[Callback] = [ModelCheckpoint(dirpath=root / "ck", every_n_train_steps=1, save_last=True)]
+    if crash_after:
+        callbacks.append(Crash(crash_after))
+    trainer = make_trainer(root, callbacks=callbacks, max_epochs=2)
+    if crash_after:
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            trainer.fit(module, loader)
+    else:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*read again and dropped.*")  # positioned, never replayed
+            trainer.fit(module, loader, ckpt_path="last" if resume else None)
+    return module
+
+
+def test_torchdata_stateful_dataloader_resumes_from_its_own_state(tmp_path: Path) -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed (extra 'data')")
+
+    def make_loader() -> Any:
+        return stateful.StatefulDataLoader(blobs(24), batch_size=4, shuffle=True, num_workers=2)
+
+    reference = fit_here(tmp_path / "ref", make_loader)
+    fit_here(tmp_path / "run", make_loader, crash_after=8)  # the third batch of the second epoch
+    assert same_weights(reference, fit_here(tmp_path / "run", make_loader, resume=True))
+
+
+def test_streaming_hugging_face_dataset_resumes_from_its_own_state(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="Hugging Face datasets is not installed (extra 'hf')")
+    def rows():
+        data = blobs(24)
+        for i in range(24):
+            yield {"x": data[i][0].tolist(), "y": data[i][1].tolist()}
+
+    def make_loader() -> Any:
+        return DataLoader(datasets.IterableDataset.from_generator(rows).with_format("torch"), batch_size=4)
+
+    reference = fit_here(tmp_path / "ref", make_loader, DictRegressor)
+    fit_here(tmp_path / "run", make_loader, DictRegressor, crash_after=8)
+    resumed = fit_here(tmp_path / "run", make_loader, DictRegressor, resume=True)  # no batch replayed (no warning)
+    assert same_weights(reference, resumed)
+
+
+class Unpositionable(IterableDataset):
+    def __iter__(self):
+        data = blobs(24)
+        return (data[i] for i in range(24))
+
+
+def test_an_iterable_dataset_without_state_warns_by_name_when_resumed(tmp_path: Path) -> None:
+    make_loader = lambda: DataLoader(Unpositionable(), batch_size=4)  # noqa: E731
+    fit_here(tmp_path, make_loader, crash_after=3)
+    with pytest.warns(UserWarning, match="Unpositionable .*no state_dict.* the 3 finished batches are read again"):
+        trainer = make_trainer(tmp_path, max_epochs=2, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck")])
+        trainer.fit(TinyRegressor(), make_loader(), ckpt_path="last")

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Iterator, Optional
+import math
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.strategies.rank import rank_zero_warn
 from trainer.data.combined_loader import CombinedIterator, CombinedLoader
+from trainer.data.loaders import loader_length
 from trainer.data.epoch_order import order_record, positionable, rest_of_epoch
 from trainer.data.sample_seeds import SampleKey, SampleKeys, SeededDataset, epoch_seed
 from trainer.reproducibility.seed import capture_rng_state, restore_rng_state
@@ -78,6 +80,41 @@ def _restore(state: dict[str, Any], generators: list[torch.Generator]) -> None:
         )
     for generator, generator_state in zip(generators, saved):
         generator.set_state(generator_state)
+
+
+_NO_POSITION = "has no sampler to position and no state_dict() (an IterableDataset or a custom iterable)"
+
+
+def _has_own_state(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def _own_state_holder(loader: Any) -> Any:
+    """What positions ``loader`` through its own ``state_dict()``/``load_state_dict()``: the loader itself (torchdata's
+    StatefulDataLoader, litdata's StreamingDataLoader, a Grain iterator, any such iterable), or the IterableDataset of
+    a single-process DataLoader (a Hugging Face streaming dataset); ``None`` when neither keeps one. Workers hold
+    their own copies of a dataset, so there its state would not be this process's: that needs a stateful loader."""
+    if _has_own_state(loader) and not isinstance(loader, CombinedLoader):
+        return loader
+    if (isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset)
+            and _has_own_state(loader.dataset)):  # fmt: skip
+        if loader.num_workers > 0:
+            rank_zero_warn(
+                f"{_name(loader)} has state_dict() but is read by {loader.num_workers} worker processes, whose copies "
+                "hold the position: a mid-epoch resume cannot restore it. Use torchdata's StatefulDataLoader (it "
+                "gathers the workers' states) or num_workers=0."
+            )
+            return None
+        return loader.dataset
+    return None
+
+
+def _name(loader: Any) -> str:
+    """The loader's class name, and its dataset's for a DataLoader (the name a user recognises)."""
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(loader, DataLoader) and dataset is not None:
+        return f"{type(dataset).__name__} (in a {type(loader).__name__})"
+    return type(loader).__name__
 
 
 def _index_attribute(loader: Any) -> Optional[str]:
@@ -198,6 +235,10 @@ class TrainDataPosition:
         self._sampler: Optional[_IndexSampler] = None
         self._replay_state: Optional[dict[str, Any]] = None
         self._warned_replay = False
+        self._holder: Any = None  # the loader or dataset whose own state_dict() positions the epoch
+        self._trail: Optional[_StateTrail] = None
+        #: This process's rank and the number of ranks (per-rank states of stateful loaders).
+        self.rank, self.world_size = 0, 1
         self._combined: Optional[_CombinedPosition] = None
 
     def iterator(self, loader: Any, epoch: int, skip: int = 0, saved: Optional[dict[str, Any]] = None) -> Iterator[Any]:
@@ -220,6 +261,7 @@ class TrainDataPosition:
                 "continues at the same batch position, but a shuffled order may differ from the interrupted run."
             )
         self.batch_size = batch_size = getattr(loader, "batch_size", None)
+        self._holder = self._trail = None
         attribute = _index_attribute(loader)
         sampler = self._index_sampler(loader, attribute) if attribute is not None else None
         order = saved.get("order") if start is not None else None
@@ -236,6 +278,9 @@ class TrainDataPosition:
                 "Keep the global batch (ranks × batch size) to resume exactly."
             )
         if sampler is None:
+            holder = _own_state_holder(loader)
+            if holder is not None:
+                return self._from_own_state(loader, holder, epoch, skip, saved, start)
             return self._replayed(loader, skip, start)
         # Only workers seed per sample: the main process draws from the training's stream, which checkpoints hold.
         workers = getattr(loader, "num_workers", 0) > 0
@@ -269,7 +314,7 @@ class TrainDataPosition:
             self.run_seed = torch.initial_seed()
         return self.run_seed
 
-    def _replayed(self, loader: Any, skip: int, start: Optional[dict[str, Any]]) -> Iterator[Any]:
+    def _replayed(self, loader: Any, skip: int, start: Optional[dict[str, Any]], why: str = "") -> Iterator[Any]:
         self._sampler = None
         generators = loader_generators(loader)
         if skip and start is not None:
@@ -280,22 +325,79 @@ class TrainDataPosition:
             if not self._warned_replay:
                 self._warned_replay = True
                 rank_zero_warn(
-                    f"Resuming mid-epoch: {type(loader).__name__} has no sampler to position (an IterableDataset or a "
-                    f"custom iterable), so the {skip} finished batches are read again and dropped. Give the dataset "
-                    "a length and use a DataLoader with a sampler to skip them without loading."
+                    f"Resuming mid-epoch: {_name(loader)} {why or _NO_POSITION}, so the {skip} finished batches are "
+                    "read again and dropped (exact only if it yields the same batches again). Give the dataset "
+                    "state_dict()/load_state_dict(), use torchdata's StatefulDataLoader, or give it a length and use a "
+                    "DataLoader with a sampler to skip them without loading."
                 )
             next(itertools.islice(iterator, skip - 1, skip), None)
         return iterator
 
-    def state_dict(self) -> dict[str, Any]:
-        """The epoch, the random state its order was drawn from and the data split (plain values and tensors)."""
+    def _from_own_state(self, loader: Any, holder: Any, epoch: int, skip: int,
+                        saved: Optional[dict[str, Any]], start: Optional[dict[str, Any]]) -> Iterator[Any]:  # fmt: skip
+        """A loader (or its dataset) that keeps its own position: restored from this rank's saved state."""
+        self._holder = holder
+        states = saved.get("loader_states") if saved is not None and saved.get("epoch") == epoch else None
+        if skip and states is None:
+            return self._replayed(loader, skip, start, "has state_dict() but the checkpoint recorded none for this epoch")
+        if skip and len(states) != self.world_size:
+            return self._replayed(loader, skip, start, f"kept one state per rank for {len(states)} rank(s), which "
+                                  f"cannot be dealt to {self.world_size}")  # fmt: skip
+        self._sampler = None
+        if skip:
+            holder.load_state_dict(states[self.rank])
+        self._replay_state = _capture(loader_generators(loader))
+        if loader_length(loader) != math.inf:
+            return iter(loader)
+        # Without a length the loop fetches one batch ahead (to know the last): keep the state from before it.
+        self._trail = _StateTrail(iter(loader), holder, skip)
+        return self._trail
+
+    def state_dict(self, gather: Optional[Callable[[Any], list[Any]]] = None,
+                   consumed: Optional[int] = None) -> dict[str, Any]:  # fmt: skip
+        """The epoch, the random state its order was drawn from and the data split (plain values and tensors).
+        A loader that keeps its own position adds every rank's state (``gather``: one value from each rank), as it
+        stood after ``consumed`` batches of the epoch (the training's position, when known)."""
         if self._combined is not None:
             return self._combined.state_dict()
         sampler = self._sampler
         start = sampler.start_state if sampler is not None else self._replay_state
         order = sampler.order if sampler is not None else None
-        return {"epoch": self.epoch, "start": start, "replicas": self.replicas, "batch_size": self.batch_size,
-                "order": order, "run_seed": self.run_seed}
+        state = {"epoch": self.epoch, "start": start, "replicas": self.replicas, "batch_size": self.batch_size,
+                 "order": order, "run_seed": self.run_seed}  # fmt: skip
+        if self._holder is not None:
+            trail = self._trail
+            own = trail.state(consumed) if trail is not None and trail.holder is self._holder else self._holder.state_dict()
+            state["loader_states"] = gather(own) if gather is not None else [own]
+        return state
+
+
+class _StateTrail:
+    """Iterates a loader that keeps its own state and has no length, remembering its state from before the batch
+    last fetched: the loop fetches one batch ahead of the training, and a checkpoint must hold the training's
+    position. One ``state_dict()`` call per batch, only for such loaders."""
+
+    def __init__(self, iterator: Iterator[Any], holder: Any, start: int) -> None:
+        self.iterator = iterator
+        self.holder = holder
+        self.fetched = start  # batches of the epoch fetched so far
+        self.before_last: Any = None
+
+    def __iter__(self) -> "_StateTrail":
+        return self
+
+    def __next__(self) -> Any:
+        before = self.holder.state_dict()
+        batch = next(self.iterator)
+        self.before_last = before
+        self.fetched += 1
+        return batch
+
+    def state(self, consumed: Optional[int]) -> Any:
+        """The holder's state after ``consumed`` batches (it may have fetched one more)."""
+        if consumed is not None and consumed == self.fetched - 1 and self.before_last is not None:
+            return self.before_last
+        return self.holder.state_dict()
 
 
 class _CombinedPosition:

@@ -7,6 +7,7 @@ mid-epoch, right after the checkpoint of the step before.
 """
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 import sys
@@ -15,13 +16,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
+from torch import nn
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler,
                               SequentialSampler, TensorDataset)
 
 from ckpt_support import TinyRegressor, make_trainer, same_weights
-from trainer import TrainModule
+from trainer import Engine, TrainModule
 from trainer.callbacks import Callback, ModelCheckpoint
 from trainer.data.epoch_order import order_record, rest_of_epoch
 
@@ -78,15 +81,17 @@ def test_an_epoch_entered_at_its_position_continues_as_the_sampler_would(case: s
     record = order_record(index_sampler)
     expected = list(index_sampler)
     after = generator.get_state() if generator is not None else None
+    global_after = torch.get_rng_state()
     skip = 2
     per_batch = batch_size or 1
     replicas = getattr(sampler, "num_replicas", 1)
     if generator is not None:
         generator.manual_seed(99)  # wherever the generator stands, the saved order is what is drawn
-    torch.manual_seed(12)
+    torch.manual_seed(11)  # as resuming puts back the random state the epoch started from
     assert list(rest_of_epoch(record, skip * per_batch * replicas, index_sampler)) == expected[skip:]
     if generator is not None:
         assert torch.equal(generator.get_state(), after)  # the next epoch draws from where the uninterrupted one did
+    assert torch.equal(torch.get_rng_state(), global_after)
 
 
 # ------------------------------------------------------------------------------- killed and resumed, bitwise
@@ -213,3 +218,81 @@ def test_an_iterable_dataset_without_state_warns_by_name_when_resumed(tmp_path: 
     with pytest.warns(UserWarning, match="Unpositionable .*no state_dict.* the 3 finished batches are read again"):
         trainer = make_trainer(tmp_path, max_epochs=2, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck")])
         trainer.fit(TinyRegressor(), make_loader(), ckpt_path="last")
+
+
+# ---------------------------------------------------------------------------------------------------- the Engine
+class Jittered(Dataset):
+    """24 samples jittered by torch, random and numpy draws where they are loaded; records the indices read."""
+
+    def __init__(self) -> None:
+        self.data = blobs(24)
+        self.read: list[int] = []
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> Any:
+        self.read.append(index)
+        x, y = self.data[index]
+        return x + torch.rand(6) * 0.1 + random.random() * 0.1 + float(np.random.rand()) * 0.1, y
+
+
+def engine_loop(state_dir: Path, save_at: int = 0, resume: bool = False, workers: int = 2) -> list[str]:
+    """Two epochs of a hand-written Engine loop; each step's loss as ``float.hex``. ``save_at``: save_state after that
+    many steps and stop; ``resume``: load_state first (another initial RNG, as a new process would have)."""
+    torch.manual_seed(99 if resume else 0)
+    engine = Engine(accelerator="cpu", devices=1)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(Jittered(), batch_size=4, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
+    model, optimizer, loader = engine.prepare(model, optimizer, loader)
+    if resume:
+        engine.load_state(state_dir)
+    losses, steps_done = [], 0
+    while loader.epoch < 2:
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            engine.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item().hex())
+            steps_done += 1
+            if steps_done == save_at:
+                engine.save_state(state_dir)
+                return losses
+    return losses
+
+
+def test_engine_save_state_with_augmenting_workers_resumes_bitwise_equal_with_another_worker_count(
+    tmp_path: Path,
+) -> None:
+    reference = engine_loop(tmp_path)
+    first = engine_loop(tmp_path, save_at=8)  # the third batch of the second epoch is next
+    assert first + engine_loop(tmp_path, resume=True, workers=1) == reference
+
+
+def test_engine_skip_first_batches_enters_the_epoch_without_reading_the_skipped_batches() -> None:
+    def first_pass(skip: int) -> tuple[list[Any], list[int]]:
+        torch.manual_seed(0)
+        engine = Engine(accelerator="cpu", devices=1)
+        dataset = Recorded()
+        loader = engine.prepare(DataLoader(dataset, batch_size=4, shuffle=True))
+        batches = [batch.tolist() for batch in engine.skip_first_batches(loader, skip)]
+        return batches, dataset.read
+
+    everything, _ = first_pass(0)
+    batches, read = first_pass(4)
+    assert batches == everything[4:]
+    assert read == [i for batch in everything[4:] for i in batch]  # the skipped batches were never loaded
+
+
+class Recorded(Dataset):
+    def __init__(self) -> None:
+        self.read: list[int] = []
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> int:
+        self.read.append(index)
+        return index

@@ -82,6 +82,7 @@ def _restore(state: dict[str, Any], generators: list[torch.Generator]) -> None:
         generator.set_state(generator_state)
 
 
+_NOW = "now"  # a positioned epoch whose order is recorded when it is drawn
 _NO_POSITION = "has no sampler to position and no state_dict() (an IterableDataset or a custom iterable)"
 
 
@@ -136,7 +137,7 @@ class _IndexSampler:
         self.batched = batched
         self.start_state: Optional[dict[str, Any]] = None
         self.order: Optional[dict[str, Any]] = None
-        self.armed: Optional[tuple[int, dict[str, Any], Optional[dict[str, Any]], int]] = None
+        self.armed: Optional[tuple[int, Optional[dict[str, Any]], Any, int]] = None
         self.positioned: Optional[_PositionedIndices] = None
         self.seed_base: Optional[int] = None
         self.seeded: Any = None  # the SeededDataset the loader reads through, when seeding per sample
@@ -171,7 +172,7 @@ class _PositionedIndices:
     is known (nothing drawn for the finished batches), else the sampler restarts from the saved state and drops
     ``skip``."""
 
-    def __init__(self, owner: _IndexSampler, skip: int, state: dict[str, Any], order: Optional[dict[str, Any]],
+    def __init__(self, owner: _IndexSampler, skip: int, state: Optional[dict[str, Any]], order: Any,
                  consumed: int) -> None:  # fmt: skip
         self.owner = owner
         self.skip = skip
@@ -185,11 +186,15 @@ class _PositionedIndices:
         if self.iterator is not None:
             return
         owner = self.owner
-        _restore(self.state, owner.generators)
-        owner.start_state = self.state
-        if self.order is not None and positionable(owner.inner):
-            owner.order = self.order
-            self.iterator = rest_of_epoch(self.order, self.consumed, owner.inner)
+        if self.state is not None:
+            _restore(self.state, owner.generators)
+            owner.start_state = self.state
+        else:  # skipping into a fresh epoch (skip_first_batches): the order is the one drawn now
+            owner.start_state = _capture(owner.generators)
+        order = order_record(owner.inner) if self.order == _NOW else self.order
+        if order is not None and positionable(owner.inner):
+            owner.order = order
+            self.iterator = rest_of_epoch(order, self.consumed, owner.inner)
             return
         owner.order = order_record(owner.inner)
         iterator = iter(owner.inner)
@@ -285,7 +290,9 @@ class TrainDataPosition:
         # Only workers seed per sample: the main process draws from the training's stream, which checkpoints hold.
         workers = getattr(loader, "num_workers", 0) > 0
         sampler.seed_base = epoch_seed(self._run_seed(), epoch) if self.sample_seeds and workers else None
-        if skip:
+        if skip and saved is None:  # a fresh epoch entered ``skip`` batches in (skip_first_batches)
+            sampler.armed = (skip, None, _NOW, skip * (batch_size or 1) * self.replicas)
+        elif skip:
             consumed = skip * (saved.get("batch_size") or 1) * saved.get("replicas", 1) if dealt else 0
             sampler.armed = (skip, start if start is not None else _capture(sampler.generators),
                              order if dealt else None, consumed)  # fmt: skip

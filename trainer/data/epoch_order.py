@@ -55,7 +55,8 @@ def positionable(index_sampler: Any) -> bool:
 
 def _global_order(record: dict[str, Any], live: Optional[torch.Generator]) -> Sequence[int]:
     """The epoch's global order, drawn as the sampler drew it (``live``: the user's generator the sampler holds,
-    advanced as the sampler advanced it)."""
+    advanced as the sampler advanced it; the global RNG, which a RandomSampler without a generator draws its seed
+    from, is left where that draw leaves it)."""
     n = record["n"]
     kind = record["kind"]
     if kind == "sequential":
@@ -64,11 +65,10 @@ def _global_order(record: dict[str, Any], live: Optional[torch.Generator]) -> Se
         if record["own"]:
             generator = live if live is not None else torch.Generator()
             generator.set_state(record["state"])
-        else:  # RandomSampler seeds a fresh generator from the global RNG, as here from its saved state
-            source = torch.Generator()
-            source.set_state(record["state"])
+        else:  # RandomSampler seeds a fresh generator from the global RNG, put back to the record's state
+            torch.set_rng_state(record["state"])
             generator = torch.Generator()
-            generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_(generator=source).item()))
+            generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
         return torch.randperm(n, generator=generator).tolist()
     # DistributedSampler.__iter__, for all ranks at once
     if record["shuffle"]:

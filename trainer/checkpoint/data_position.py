@@ -1,16 +1,23 @@
 """Where an epoch's training data stands, so a fit resumed mid-epoch continues at the very next batch.
 
 A map-style ``DataLoader`` is positioned through its index sampler (the batch sampler, or the sampler when
-``batch_size=None``): the first ``k`` index batches are drawn and dropped, and no sample is loaded for them.
-The order of the indices is reproduced by giving the sampler the random state it had when the epoch's
-order was drawn: ``RandomSampler`` without a generator seeds itself from the global torch RNG at the first
-index of each epoch, and ``iter(DataLoader)`` draws its worker base seed from it as well, so that state
-(and the state of any ``torch.Generator`` the loader or sampler holds) is captured at the moment the
-sampler starts, every epoch, and saved in checkpoints. A ``DistributedSampler`` needs only ``set_epoch``.
+``batch_size=None``), which this module stands in for while each epoch's iterator is created. At the epoch's first
+index it records the random state (``RandomSampler`` without a generator seeds itself from the global torch RNG
+there, and ``iter(DataLoader)`` draws its worker base seed from it as well; any ``torch.Generator`` the loader or
+sampler holds too) and, for the samplers whose order is known, the order itself
+(:mod:`trainer.data.epoch_order`). On resume a known order is entered at its position, and its rest dealt to the
+ranks of the resumed run (another world size with the same global batch sees every sample once); another sampler
+is re-drawn from the saved state and its finished index batches dropped. No sample is loaded for them either way.
+With ``num_workers > 0`` the index batches carry the epoch's seed, and the dataset is read through
+:class:`~trainer.data.sample_seeds.SeededDataset`: each sample's random draws depend only on (run seed, epoch,
+index), so random augmentation resumes exactly with any number of workers.
 
-Anything else (an ``IterableDataset``, a plain iterable of batches) cannot be positioned: its iterator is
-rebuilt from the random state captured before the epoch's ``iter()`` and the finished batches are read
-again and dropped.
+A loader that keeps its own position (``state_dict()``/``load_state_dict()``: torchdata's ``StatefulDataLoader``
+and the like) is saved per rank through that state and restored from it. An ``IterableDataset`` with its own
+``state_dict()`` (``datasets.IterableDataset``) loaded in this process continues from the state it had after the
+finished batches (:mod:`trainer.checkpoint.dataset_state`). Anything else (another ``IterableDataset``, a plain
+iterable of batches) cannot be positioned: its iterator is rebuilt from the random state captured before the
+epoch's ``iter()`` and the finished batches are read again and dropped, with a warning naming it.
 
 A :class:`~trainer.data.combined_loader.CombinedLoader` is positioned loader by loader: each has its own position
 (the random state of its current pass and how many batches that pass gave), so every loader, including one that
@@ -27,6 +34,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.strategies.rank import rank_zero_warn
+from trainer.checkpoint.dataset_state import DatasetState
 from trainer.data.combined_loader import CombinedIterator, CombinedLoader
 from trainer.data.loaders import loader_length
 from trainer.data.epoch_order import order_record, positionable, rest_of_epoch
@@ -92,21 +100,19 @@ def _has_own_state(obj: Any) -> bool:
 
 def _own_state_holder(loader: Any) -> Any:
     """What positions ``loader`` through its own ``state_dict()``/``load_state_dict()``: the loader itself (torchdata's
-    StatefulDataLoader, litdata's StreamingDataLoader, a Grain iterator, any such iterable), or the IterableDataset of
-    a single-process DataLoader (a Hugging Face streaming dataset); ``None`` when neither keeps one. Workers hold
-    their own copies of a dataset, so there its state would not be this process's: that needs a stateful loader."""
+    StatefulDataLoader, litdata's StreamingDataLoader, a Grain iterator, any such iterable); ``None`` when it keeps
+    none. A DataLoader's workers hold their own copies of a stateful dataset, so its state is not this process's:
+    that warns (it needs a stateful loader)."""
     if _has_own_state(loader) and not isinstance(loader, CombinedLoader):
         return loader
     if (isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset)
-            and _has_own_state(loader.dataset)):  # fmt: skip
-        if loader.num_workers > 0:
-            rank_zero_warn(
-                f"{_name(loader)} has state_dict() but is read by {loader.num_workers} worker processes, whose copies "
-                "hold the position: a mid-epoch resume cannot restore it. Use torchdata's StatefulDataLoader (it "
-                "gathers the workers' states) or num_workers=0."
-            )
-            return None
-        return loader.dataset
+            and _has_own_state(loader.dataset) and loader.num_workers > 0):  # fmt: skip
+        # (read in this process, such a dataset is positioned by trainer.checkpoint.dataset_state)
+        rank_zero_warn(
+            f"{_name(loader)} has state_dict() but is read by {loader.num_workers} worker processes, whose copies "
+            "hold the position: a mid-epoch resume cannot restore it. Use torchdata's StatefulDataLoader (it "
+            "gathers the workers' states) or num_workers=0."
+        )
     return None
 
 
@@ -245,6 +251,7 @@ class TrainDataPosition:
         #: This process's rank and the number of ranks (per-rank states of stateful loaders).
         self.rank, self.world_size = 0, 1
         self._combined: Optional[_CombinedPosition] = None
+        self._dataset_state: Optional[DatasetState] = None
 
     def iterator(self, loader: Any, epoch: int, skip: int = 0, saved: Optional[dict[str, Any]] = None) -> Iterator[Any]:
         """This epoch's iterator over ``loader``, after ``skip`` batches when resuming from ``saved``."""
@@ -282,6 +289,12 @@ class TrainDataPosition:
                 f"{self.replicas}: until this epoch ends, some samples may be seen twice and others not at all. "
                 "Keep the global batch (ranks × batch size) to resume exactly."
             )
+        own = DatasetState.of(loader)  # a dataset that keeps its own position (datasets' IterableDataset)
+        self._dataset_state = own
+        if own is not None and (not skip or own.can_resume(skip, saved.get("dataset") if start is not None else None)):
+            self._replay_state = _capture(loader_generators(loader))
+            self._sampler = None
+            return own.iterator(loader, skip, saved.get("dataset") if skip else None)
         if sampler is None:
             holder = _own_state_holder(loader)
             if holder is not None:
@@ -376,6 +389,8 @@ class TrainDataPosition:
             trail = self._trail
             own = trail.state(consumed) if trail is not None and trail.holder is self._holder else self._holder.state_dict()
             state["loader_states"] = gather(own) if gather is not None else [own]
+        if self._dataset_state is not None:
+            state["dataset"] = self._dataset_state.state_dict()
         return state
 
 

@@ -5,8 +5,9 @@
 ``run``        launch a script on this node through ``torch.distributed.run`` (torchrun)
 ``slurm``      write an sbatch script for a SLURM cluster, and submit it with ``--submit``
 ``env``        print what the Trainer detects here (cluster, ranks, devices, versions)
-``checkpoint`` ``checkpoint consolidate DIR OUT``: one file from a sharded checkpoint folder
+``checkpoint`` ``consolidate DIR OUT``: one file from a sharded folder; ``export --format hf``: an HF folder
 ``estimate-memory``  per-device memory of a module under each strategy, and a recommendation
+``plan``       a dry run of the whole job on fake ranks: memory, collectives, step time, refusals (exit 2)
 =============  ==============================================================================
 
 Each subcommand is a module of this package (``estimate-memory``: ``estimate_memory``) with ``add_parser(subparsers)`` (which sets ``handler``) and,
@@ -23,7 +24,7 @@ from typing import Optional
 
 from trainer.strategies.errors import ConfigurationError
 
-COMMANDS = ("config", "run", "slurm", "env", "checkpoint", "estimate_memory")
+COMMANDS = ("config", "run", "slurm", "env", "checkpoint", "estimate_memory", "plan")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

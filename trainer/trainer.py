@@ -123,6 +123,7 @@ class Trainer:
         inference_mode: bool = True,
         fast_dev_run: Union[bool, int] = False,
         use_distributed_sampler: bool = True,
+        sample_seeds: bool = True,
         reload_dataloaders_every_n_epochs: int = 0,
         detect_anomaly: bool = False,
         barebones: bool = False,
@@ -156,6 +157,9 @@ class Trainer:
         for name, value in settings.items():
             setattr(self, name, value)
         self.use_distributed_sampler = bool(use_distributed_sampler)
+        #: Seed each training sample's torch/random/numpy generators from (run seed, epoch, index) (exact resume
+        #: with workers and random augmentation; see docs/checkpointing.md). False: the workers' own streams.
+        self.sample_seeds = bool(sample_seeds)
         self.detect_anomaly = bool(detect_anomaly)
         self.enable_checkpointing = bool(enable_checkpointing)
         self.enable_progress_bar = bool(enable_progress_bar)

@@ -26,6 +26,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
+import torch
+
 
 from trainer.strategies.checkpoint import storage
 from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, safe_load, verify_once
@@ -81,7 +83,8 @@ class CheckpointConnector:
             checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
             checkpoint["precision"] = strategy.precision.state_dict()
             checkpoint["rng"] = capture_rng_state()
-            checkpoint["train_sampler"] = self.data_position.state_dict()
+            checkpoint["train_sampler"] = self.data_position.state_dict(self._from_every_rank,
+                                                                      progress.batch_in_epoch)
             if getattr(getattr(trainer, "_optimization", None), "window_has_loss", False):
                 checkpoint["accumulated_grads"] = self._accumulated_grads()
             checkpoint["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
@@ -149,6 +152,13 @@ class CheckpointConnector:
         path = self.trainer.strategy.broadcast(storage.join(self.checkpoint_folders()[0], "interrupted.ckpt"))
         self.save(path)
         return path
+
+    def _from_every_rank(self, value: Any) -> list[Any]:
+        """``value`` of every rank, in rank order (only a stateful loader's per-rank state: never per step)."""
+        strategy = self.trainer.strategy
+        if strategy.world_size == 1:
+            return [value]
+        return [strategy.broadcast(value, src=rank) for rank in range(strategy.world_size)]
 
     def _accumulated_grads(self) -> dict[str, Any]:
         """Gradients of an unfinished accumulation window: per rank (gathered) where they are not all-reduced yet;
@@ -434,6 +444,15 @@ class CheckpointConnector:
     def train_iterator(self, loader: Any, epoch: int, start_batch: int) -> Iterator[Any]:
         """This epoch's training iterator, positioned after ``start_batch`` batches without loading them."""
         resume, self._resume = self._resume, None
+        position = self.data_position
+        position.sample_seeds = bool(getattr(self.trainer, "sample_seeds", True))
+        position.rank, position.world_size = self.trainer.strategy.global_rank, self.trainer.strategy.world_size
+        if resume is not None:
+            position.adopt(resume.get("train_sampler"))
+        if position.sample_seeds and position.run_seed is None:  # one run seed for every rank (unseeded ranks differ)
+            strategy = self.trainer.strategy
+            seed = torch.initial_seed()
+            position.run_seed = int(strategy.broadcast(seed) if strategy.world_size > 1 else seed)
         if not start_batch:
             return self.data_position.iterator(loader, epoch)
         if resume is None:  # the same Trainer continues an epoch it stopped (e.g. a second fit with more max_steps)

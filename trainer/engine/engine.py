@@ -120,6 +120,7 @@ class Engine:
         gradient_accumulation_plugin: Optional[GradientAccumulationPlugin] = None,
         device_placement: bool = True,
         rng_types: Optional[list[str]] = None,
+        sample_seeds: bool = True,
     ) -> None:
         compat = AccelerateArguments.read(
             self, accelerator=accelerator, precision=precision, accumulate_grad_batches=accumulate_grad_batches,
@@ -139,6 +140,8 @@ class Engine:
         self.project_configuration = compat.project_config
         self.project_configuration.set_directories(self.project_dir)
         self.use_distributed_sampler = bool(use_distributed_sampler)
+        #: Seed each sample's generators in the workers of prepared loaders from (run seed, epoch, index).
+        self.sample_seeds = bool(sample_seeds)
         self.step_scheduler_with_optimizer = bool(step_scheduler_with_optimizer)
         self.strategy: Strategy = build_strategy(compat.accelerator, devices, num_nodes, strategy, compat.precision)
         if not self.strategy.runs_forward:
@@ -415,7 +418,8 @@ class Engine:
             split = prepare_loader(loader, self.strategy.distributed_sampler_kwargs, training,
                                    self.use_distributed_sampler, cuda)  # fmt: skip
         prepared = EngineDataLoader(split, self.strategy, self._window if training else None, self._loader_state,
-                                    accelerate_numbers=self.numbers == "accelerate")  # fmt: skip
+                                    accelerate_numbers=self.numbers == "accelerate",
+                                    sample_seeds=self.sample_seeds)  # fmt: skip
         self._loaders.append(prepared)
         return prepared
 

@@ -1,6 +1,7 @@
 """``Accelerator``: the Engine with Accelerate's numbers."""
 from __future__ import annotations
 
+from trainer.accelerate.state import AcceleratorState
 from trainer.engine.engine import Engine
 
 
@@ -22,6 +23,12 @@ class Accelerator(Engine):
     """
 
     numbers = "accelerate"
+
+    @property
+    def state(self) -> AcceleratorState:
+        """Accelerate's ``AcceleratorState`` of this job (``num_processes``, ``process_index``,
+        ``distributed_type``, ``mixed_precision``, ``device``; its ``repr`` is what scripts log)."""
+        return AcceleratorState(self)
 
 
 class PartialState(Accelerator):

@@ -56,7 +56,7 @@ def sort_plugins(plugins: Any, precision: Any) -> PluginSettings:
             kind = "checkpoint_io"
         else:
             raise ConfigurationError(
-                f"Found invalid type for plugin {plugin}. plugins: {plugin!r} is not a plugin the Trainer knows. Pass a strategies.Precision (e.g. "
+                f"Found invalid type for plugin {plugin}. plugins: {plugin!r} is not a plugin the Trainer knows. Pass a trainer.strategies.Precision (e.g. "
                 "MixedPrecision('bf16-mixed')), a cluster environment (trainer.strategies.launch.environments.ClusterEnvironment), "
                 "a checkpoint IO (trainer.strategies.checkpoint.checkpoint_io.CheckpointIO) or a layer sync "
                 "(trainer.plugins.TorchSyncBatchNorm)."

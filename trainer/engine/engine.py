@@ -73,7 +73,7 @@ class Engine:
 
     Takes the Trainer's ``accelerator``/``devices``/``num_nodes``/``strategy``/``precision`` and
     ``accumulate_grad_batches`` (validated identically). ``loggers``: True (TensorBoard, else CSV), "tensorboard",
-    "csv", a ``loggers.Logger`` or a list; named ones are created by :meth:`init_trackers` under ``project_dir``.
+    "csv", a ``trainer.loggers.Logger`` or a list; named ones are created by :meth:`init_trackers` under ``project_dir``.
 
     On return the job is running: from a plain ``python script.py`` with several devices the other ranks have
     been started (they re-run the script, as with the Trainer), under torchrun/SLURM/``trainer run`` this process

@@ -37,7 +37,7 @@ def check_trackers(loggers: Any) -> list[TrackerSpec]:
         else:
             raise ConfigurationError(
                 f"loggers={item!r} is not valid. Use True (TensorBoard, or CSV without tensorboard), "
-                f"{', '.join(repr(n) for n in TRACKER_NAMES)}, a loggers.Logger instance, or a list of them."
+                f"{', '.join(repr(n) for n in TRACKER_NAMES)}, a trainer.loggers.Logger instance, or a list of them."
             )
     return specs
 

@@ -94,3 +94,33 @@ def test_printed_and_documented_names_are_the_installed_ones():
     assert "add trainer.callbacks.ThroughputMonitor()" in report
     with pytest.raises(ConfigurationError, match=r"not a trainer\.Callback"):
         Trainer(callbacks=[object()], **QUIET)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to a child process")
+@pytest.mark.timeout(120)
+def test_a_second_ctrl_c_during_a_checkpoint_save_stops_at_once_and_cleanly(tmp_path):
+    import signal
+    import time
+
+    script = Path(__file__).resolve().parent / "scripts" / "ctrl_c_save.py"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    try:
+        for line in process.stdout:
+            if line.strip() == "SAVING":
+                break
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        pressed = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=60)[0]
+        stopped_after = time.monotonic() - pressed
+    finally:
+        process.kill()
+    assert process.returncode == 130, output
+    assert stopped_after < 3, f"took {stopped_after:.1f}s to stop"
+    assert "stopping now. The checkpoints saved before are intact" in output
+    assert "enforce fail" not in output and "Traceback" not in output, output
+    assert "state_dict" in torch.load(tmp_path / "step1.ckpt", weights_only=True)  # nothing lost
+    assert not (tmp_path / "step2.ckpt").exists()

@@ -6,7 +6,7 @@ import time
 from typing import Any, Optional
 
 from trainer.callbacks.progress_bar import ProgressBar
-from trainer.callbacks.progress_views import BarViews
+from trainer.callbacks.bar_views import BarViews
 
 
 def _total(value: float) -> Optional[float]:

@@ -35,7 +35,8 @@ from trainer.data.combined_loader import CombinedLoader
 from trainer.faults import slurm_requeue
 from trainer import integrations
 from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
-                                      check_init_setting, checkpoints_last, resolve_max_epochs, validate_arguments, with_max_time)
+                                      check_ckpt_path, check_init_setting, checkpoints_last, resolve_max_epochs,
+                                      validate_arguments, with_max_time)  # fmt: skip
 from trainer.checkpoint.connector import CheckpointConnector
 from trainer.module.datamodule import DataModule
 from trainer.data.distributed import balance_training_batches
@@ -266,6 +267,7 @@ class Trainer:
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise ConfigurationError("fit(): pass either dataloaders or a datamodule, not both.")
         self._check_module(model, "fit")
+        check_ckpt_path(ckpt_path, "fit")
         from trainer.callbacks.timer import Timer
 
         self.max_epochs = resolve_max_epochs(self.max_epochs, self.max_steps,
@@ -305,7 +307,7 @@ class Trainer:
         """Run ``predict_step`` over the data; returns the outputs (one list per dataloader if several)."""
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
-        ckpt_path = self._ckpt_path_without_model("predict", model, ckpt_path)
+        ckpt_path = self._ckpt_path_without_model("predict", model, check_ckpt_path(ckpt_path, "predict"))
         model = self._model_or_fitted(model, "predict")
         return self._launch(self._predict_impl, model, dataloaders, datamodule, return_predictions, ckpt_path)
 
@@ -390,7 +392,7 @@ class Trainer:
                   datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
-        ckpt_path = self._ckpt_path_without_model(stage, model, ckpt_path)
+        ckpt_path = self._ckpt_path_without_model(stage, model, check_ckpt_path(ckpt_path, stage))
         model = self._model_or_fitted(model, stage)
         step = "validation_step" if stage == "validate" else "test_step"
         if not overrides(model, TrainModule, step):

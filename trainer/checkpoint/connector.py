@@ -376,7 +376,11 @@ class CheckpointConnector:
                 f"{len(trainer.optimizers)}."
             )
         for optimizer, state in zip(trainer.optimizers, states):
-            strategy.load_optimizer_state_dict(optimizer, state)
+            try:
+                strategy.load_optimizer_state_dict(optimizer, state)
+            except KeyError as err:
+                _refuse_other_optimizer(optimizer, {str(err)}, path)
+            _check_same_optimizer(optimizer, path)
         for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
             config.scheduler.load_state_dict(state)
         strategy.precision.load_state_dict(checkpoint.get("precision", {}))
@@ -482,3 +486,25 @@ def callback_state(saved: dict[str, Any], state_key: str) -> Any:
             except (ValueError, SyntaxError):
                 continue
     return None
+
+
+def _check_same_optimizer(optimizer: Any, path: Any) -> None:
+    """After loading: every setting the optimizer steps with is there. Settings a newer torch added are filled in
+    by torch while loading; a missing one means the checkpoint was saved by another kind of optimizer (SGD -> Adam
+    after the checkpoint), and torch would fail inside ``step()`` with a bare ``KeyError: 'betas'``."""
+    needed = set(getattr(optimizer, "defaults", {}))
+    for group in optimizer.param_groups:
+        missing = needed - set(group)
+        if missing:
+            _refuse_other_optimizer(optimizer, missing, path)
+
+
+def _refuse_other_optimizer(optimizer: Any, missing: set[str], path: Any) -> None:
+    raise CheckpointError(
+        f"The optimizer state in '{path}' was saved by a different optimizer than the {type(optimizer).__name__} "
+        f"configure_optimizers returns now (the checkpoint lacks its settings {sorted(missing)}): the optimizer "
+        "changed since the checkpoint was saved (e.g. SGD -> Adam), so its state cannot be restored. Go back to the "
+        "optimizer the checkpoint was saved with, or start from the weights alone: "
+        "model = MyModule.load_from_checkpoint(path); trainer.fit(model) without ckpt_path (the new optimizer then "
+        "starts fresh)."
+    )

@@ -1,6 +1,6 @@
 """One replica group of a fault-tolerant fit (``ft_ddp``/``ft_hsdp``), launched by tests/test_fault_tolerance.py.
 
-``python ft_group.py OUT --steps N [--strategy ft_ddp] [--pause S] [--ckpt-every K] [--resume]``: the group's replica
+``python ft_group.py OUT --steps N [--strategy ft_ddp] [--pause S] [--alone-pause S] [--ckpt-every K] [--resume]``: the group's replica
 id, the lighthouse and the number of groups come from ``REPLICA_GROUP_ID``, ``TORCHFT_LIGHTHOUSE`` and
 ``NUM_REPLICA_GROUPS``. After every step, group rank 0 appends ``global_step time`` to ``OUT/steps-<id>.txt``; at the
 end it saves ``OUT/weights-<id>.pt`` (global step, weights) and ``OUT/opened-<id>.txt`` lists every checkpoint
@@ -23,17 +23,21 @@ from trainer.callbacks import ModelCheckpoint  # noqa: E402
 
 
 class Paced(Regressor):
-    def __init__(self, pause: float = 0.0, out: str = ".") -> None:
+    def __init__(self, pause: float = 0.0, out: str = ".", alone_pause: float = 0.0) -> None:
         super().__init__()
-        self.pause, self.out = pause, out
+        self.pause, self.out, self.alone_pause = pause, out, alone_pause
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if self.global_rank == 0:
             replica = os.environ["REPLICA_GROUP_ID"]
             with open(Path(self.out, f"steps-{replica}.txt"), "a") as f:
                 f.write(f"{self.global_step} {time.time():.3f}\n")
-        if self.pause:
-            time.sleep(self.pause)
+        groups = self.trainer.strategy.replica_metrics["ft/replicas"]
+        alone = groups < int(os.environ["NUM_REPLICA_GROUPS"])
+        # A group missing: go slower, so a restarted one (seconds to start) rejoins before this run ends.
+        pause = self.alone_pause if alone and self.alone_pause else self.pause
+        if pause:
+            time.sleep(pause)
 
 
 def main() -> None:
@@ -42,6 +46,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--strategy", default="ft_ddp")
     parser.add_argument("--pause", type=float, default=0.0)
+    parser.add_argument("--alone-pause", type=float, default=0.0)
     parser.add_argument("--ckpt-every", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
@@ -62,7 +67,7 @@ def main() -> None:
     strategy = FaultTolerantStrategy(ft_timeout=5, quorum_timeout=60, connect_timeout=10) if args.strategy == "ft_ddp" \
         else args.strategy
     torch.manual_seed(int(replica))  # the groups start different: the first quorum makes them equal
-    model = Paced(args.pause, args.out)
+    model = Paced(args.pause, args.out, args.alone_pause)
     data = DataLoader(regression_data(n=64), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
     callbacks = []
     if args.ckpt_every:

@@ -1,0 +1,119 @@
+"""Fault tolerance across replica groups (``ft_ddp``, torchft): a group killed mid-run does not stop the others, and
+its restarted replacement heals from a live peer; when every group dies, the usual auto-resume restarts the job.
+
+Real parts: torchft's lighthouse binary, one-process replica groups on gloo, SIGKILL."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+
+pytest.importorskip("torchft", reason="fault tolerance needs torchft (the 'ft' extra)")
+
+from launching import SCRIPTS  # noqa: E402
+
+from trainer.strategies.launch.environments.local import find_free_port  # noqa: E402
+
+GROUP = SCRIPTS / "ft_group.py"
+LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
+
+
+def _start(command: list[str], log: Path, env: Optional[dict[str, str]] = None) -> subprocess.Popen:
+    """Start ``command`` in its own session, its output to ``log`` (torchft logs every quorum: a pipe nobody reads
+    until the end would fill up and block the process)."""
+    with open(log, "a") as sink:
+        return subprocess.Popen(command, env=dict(os.environ if env is None else env, OMP_NUM_THREADS="1"),
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+def _finish(process: subprocess.Popen, log: Path, timeout: float) -> str:
+    """Wait for ``process`` (killing its session on a hang) and return its log; fail unless it exited with 0."""
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        raise AssertionError(f"{' '.join(map(str, process.args))} did not finish in {timeout:.0f} s:\n{log.read_text()}")
+    output = log.read_text()
+    assert process.returncode == 0, f"{' '.join(map(str, process.args))} exited with {process.returncode}:\n{output}"
+    return output
+
+
+def _lighthouse(out: Path) -> tuple[subprocess.Popen, int]:
+    port = find_free_port()
+    process = _start([str(LIGHTHOUSE), "--min_replicas", "1", "--join_timeout_ms", "500", "--quorum_tick_ms", "50",
+                      "--heartbeat_timeout_ms", "1000", "--bind", f"[::]:{port}"], out / "lighthouse.log")  # fmt: skip
+    return process, port
+
+
+def _group(out: Path, replica: int, lighthouse: int, groups: int, *args: str, log: str = "") -> subprocess.Popen:
+    env = dict(os.environ, REPLICA_GROUP_ID=str(replica), NUM_REPLICA_GROUPS=str(groups),
+               TORCHFT_LIGHTHOUSE=f"localhost:{lighthouse}", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(find_free_port()))  # fmt: skip
+    return _start([sys.executable, str(GROUP), str(out), *args], out / (log or f"group-{replica}.log"), env)
+
+
+def _steps(out: Path, replica: int) -> list[tuple[int, float]]:
+    path = out / f"steps-{replica}.txt"
+    if not path.exists():
+        return []
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return [(int(step), float(at)) for step, at in rows if step]
+
+
+def _wait_for_step(out: Path, replica: int, step: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(s >= step for s, _ in _steps(out, replica)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"replica group {replica} did not reach step {step} within {timeout:.0f} s")
+
+
+def _weights(out: Path, replica: int) -> dict:
+    return torch.load(out / f"weights-{replica}.pt", weights_only=True)
+
+
+def test_a_killed_group_does_not_stop_the_other_and_heals_from_it_when_restarted(tmp_path):
+    steps = 80
+    pace = ("--steps", str(steps), "--pause", "0.05", "--alone-pause", "0.4")  # slower alone: the restart takes ~10 s
+    lighthouse, port = _lighthouse(tmp_path)
+    try:
+        survivor = _group(tmp_path, 0, port, 2, *pace)
+        victim = _group(tmp_path, 1, port, 2, *pace)
+        _wait_for_step(tmp_path, 1, 15)
+        os.killpg(victim.pid, signal.SIGKILL)
+        killed_at = time.time()
+        victim.wait(timeout=30)
+        restarted = _group(tmp_path, 1, port, 2, *pace, log="restarted-1.log")
+        survivor_log = _finish(survivor, tmp_path / "group-0.log", timeout=120)
+        restarted_log = _finish(restarted, tmp_path / "restarted-1.log", timeout=120)
+    finally:
+        os.killpg(lighthouse.pid, signal.SIGKILL)
+        lighthouse.wait(timeout=30)
+
+    # The survivor kept stepping: no gap over 30 s after the kill, its global step only rose.
+    after = [(s, at) for s, at in _steps(tmp_path, 0) if at >= killed_at]
+    assert after, survivor_log
+    gaps = [b - a for (_, a), (_, b) in zip([(0, killed_at)] + after, after)]
+    assert max(gaps) < 30, gaps
+    assert all(b >= a for (a, _), (b, _) in zip(after, after[1:]))
+    assert "1 group(s) left" in survivor_log, survivor_log
+    # The restarted group healed from the survivor, reading no checkpoint.
+    assert "healed from a peer" in restarted_log, restarted_log
+    assert (tmp_path / "opened-1.txt").read_text() == ""
+    first_restarted_step = _steps(tmp_path, 1)[-1]
+    assert first_restarted_step[0] == steps
+    # Both end at max_steps with the same weights, bit for bit.
+    a, b = _weights(tmp_path, 0), _weights(tmp_path, 1)
+    assert a["global_step"] == b["global_step"] == steps
+    for name, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][name]), name
+    assert a["metrics"]["ft/samples_skipped"] > 0  # the dead group's batches of the steps it missed

@@ -13,11 +13,13 @@ in-memory checkpoint, never a file. torchft is imported only when one of these s
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
+import torch
 from torch import Tensor
 
 from trainer.strategies.errors import ConfigurationError
@@ -27,6 +29,7 @@ REPLICA_ID_ENV = "REPLICA_GROUP_ID"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 NUM_GROUPS_ENV = "NUM_REPLICA_GROUPS"
 MODES = ("sync", "local_sgd", "diloco")
+_SHARD = "__ft_local_shard__"  # marks a DTensor sent as its local shard (see ReplicaGroupMember._to_wire)
 
 
 def _env_int(name: str, given: Optional[int], what: str) -> int:
@@ -106,6 +109,8 @@ class ReplicaGroupMember:
         self.sync_every = sync_every
         self.outer_lr = outer_lr
         self.manager: Any = None
+        #: True while a training state is read for, or loaded from, a peer group (see ``_peer_state``).
+        self.for_peer = False
         self._in_step = False  # a quorum was formed for the step now running
         self._replicas = 0  # groups in the last quorum
         self._quorum_start = 0.0
@@ -187,7 +192,16 @@ class ReplicaGroupMember:
         manager = self.manager
         if manager is None:
             return
-        manager.register_state_dict_fn("trainer", load, state)
+
+        def send() -> Any:
+            with self._peer_state():
+                return self._to_wire(state())
+
+        def receive(sent: Any) -> None:
+            with self._peer_state():
+                load(self._from_wire(sent))
+
+        manager.register_state_dict_fn("trainer", receive, send)
         # The manager counts committed quorum steps: every step when synchronous, every sync_every steps otherwise.
         step = global_step if self.mode == "sync" else global_step // self.sync_every
         manager.load_state_dict({"step": step, "batches_committed": manager.batches_committed()})
@@ -200,6 +214,45 @@ class ReplicaGroupMember:
                  manager.current_step(), self._replicas,
                  f" (healed from a peer at step {manager.current_step()})" if manager.current_step() != step
                  else "")  # fmt: skip
+
+    @contextlib.contextmanager
+    def _peer_state(self) -> Iterator[None]:
+        """While a state goes to or comes from a peer: state dicts are this rank's own (``for_peer`` is True), read
+        and loaded without collectives. torchft pairs ranks by group rank, and at the first step a group's ranks
+        may heal from different groups (each rank from its own source), so a group never meets as a whole here."""
+        self.for_peer = True
+        try:
+            yield
+        finally:
+            self.for_peer = False
+
+    def _to_wire(self, obj: Any) -> Any:
+        """A training state as it travels to a healing peer: each sharded tensor (``DTensor``) as this rank's local
+        shard (the peer's same rank holds the same slice), since a device mesh does not cross processes."""
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(obj, DTensor):
+            return {_SHARD: obj.to_local(), "shape": tuple(obj.shape), "stride": tuple(obj.stride()),
+                    "placements": tuple(obj.placements)}  # fmt: skip
+        if isinstance(obj, dict):
+            return {key: self._to_wire(value) for key, value in obj.items()}
+        if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+            return type(obj)(self._to_wire(value) for value in obj)
+        return obj
+
+    def _from_wire(self, obj: Any) -> Any:
+        """The inverse of :meth:`_to_wire`: local shards become ``DTensor`` s on this group's mesh again."""
+        if isinstance(obj, dict):
+            if _SHARD in obj:
+                from torch.distributed.tensor import DTensor
+
+                local = obj[_SHARD].to(self.root_device)  # type: ignore[attr-defined]
+                return DTensor.from_local(local, self.device_mesh, obj["placements"], shape=torch.Size(obj["shape"]),  # type: ignore[attr-defined]
+                                          stride=obj["stride"], run_check=False)  # fmt: skip
+            return {key: self._from_wire(value) for key, value in obj.items()}
+        if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+            return type(obj)(self._from_wire(value) for value in obj)
+        return obj
 
     def _begin_step(self) -> None:
         """Form this step's quorum (and heal, when this group is behind)."""
@@ -273,8 +326,6 @@ class ReplicaGroupMember:
         if self.mode == "local_sgd":
             self._semi_sync = local_sgd.LocalSGD(self.manager, module, optimizer, self.sync_every)
         else:
-            import torch
-
             params = [p for p in module.parameters() if p.requires_grad]
             outer = torch.optim.SGD(params, lr=self.outer_lr, momentum=0.9, nesterov=True)
             self._semi_sync = local_sgd.DiLoCo(self.manager, [module], optimizer, outer, self.sync_every)

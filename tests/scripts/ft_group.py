@@ -62,10 +62,15 @@ def main() -> None:
         return real_load(f, *a, **k)
 
     torch.load = recording_load
-    from trainer.strategies.data_parallel.fault_tolerant import FaultTolerantStrategy
+    options = dict(ft_timeout=5, quorum_timeout=60, connect_timeout=10)
+    if args.strategy == "ft_ddp":
+        from trainer.strategies.data_parallel.fault_tolerant import FaultTolerantStrategy
 
-    strategy = FaultTolerantStrategy(ft_timeout=5, quorum_timeout=60, connect_timeout=10) if args.strategy == "ft_ddp" \
-        else args.strategy
+        strategy = FaultTolerantStrategy(**options)
+    else:  # one full state dict at the end, to compare the groups' weights whole
+        from trainer.strategies.data_parallel.fault_tolerant_hsdp import FaultTolerantHSDPStrategy
+
+        strategy = FaultTolerantHSDPStrategy(state_dict_type="full", **options)
     torch.manual_seed(int(replica))  # the groups start different: the first quorum makes them equal
     model = Paced(args.pause, args.out, args.alone_pause)
     data = DataLoader(regression_data(n=64), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
@@ -78,8 +83,9 @@ def main() -> None:
                       enable_checkpointing=bool(args.ckpt_every), callbacks=callbacks, default_root_dir=out,
                       num_sanity_val_steps=0)  # fmt: skip
     trainer.fit(model, data, ckpt_path="last" if args.resume else None)
+    state = trainer.strategy.module_state_dict()  # every rank: a sharded strategy gathers it on rank 0
     if trainer.is_global_zero:
-        state = {k: v.clone() for k, v in trainer.strategy.module_state_dict().items()}
+        state = {k: v.clone() for k, v in state.items()}
         torch.save({"global_step": trainer.global_step, "state_dict": state,
                     "metrics": dict(trainer.strategy.replica_metrics)}, out / f"weights-{replica}.pt")  # fmt: skip
         Path(out, f"opened-{replica}.txt").write_text("\n".join(opened))

@@ -147,3 +147,20 @@ def test_a_killed_group_does_not_stop_the_other_and_heals_from_it_when_restarted
     for name, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][name]), name
     assert a["metrics"]["ft/samples_skipped"] > 0  # the dead group's batches of the steps it missed
+
+
+def test_trainer_run_replica_groups_restarts_a_dead_group_which_heals_from_the_other(tmp_path):
+    """``trainer run --replica-groups 2 --max-restarts 1``: the lighthouse, two groups; group 1 dies once (SIGKILL at
+    step 10) and the launcher starts it again; it heals, and both end equal at max_steps."""
+    steps = 50
+    log = tmp_path / "run.log"
+    run = _start([sys.executable, "-m", "trainer", "run", "--replica-groups", "2", "--max-restarts", "1", str(GROUP),
+                  str(tmp_path), "--steps", str(steps), "--pause", "0.05", "--alone-pause", "1.0", "--crash-at", "10"],
+                 log)  # fmt: skip
+    output = _finish(run, log, timeout=150)
+    assert "replica group 1 exited with" in output and "restart 1 of 1" in output, output
+    assert "healed from a peer" in output, output
+    a, b = _weights(tmp_path, 0), _weights(tmp_path, 1)
+    assert a["global_step"] == b["global_step"] == steps
+    for name, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][name]), name

@@ -1,13 +1,15 @@
 """One replica group of a fault-tolerant fit (``ft_ddp``/``ft_hsdp``), launched by tests/test_fault_tolerance.py.
 
-``python ft_group.py OUT --steps N [--strategy ft_ddp] [--pause S] [--alone-pause S] [--ckpt-every K] [--resume]``: the group's replica
+``python ft_group.py OUT --steps N [--strategy ft_ddp] [--pause S] [--alone-pause S] [--crash-at K] [--ckpt-every K]
+[--resume]``: the group's replica
 id, the lighthouse and the number of groups come from ``REPLICA_GROUP_ID``, ``TORCHFT_LIGHTHOUSE`` and
 ``NUM_REPLICA_GROUPS``. After every step, group rank 0 appends ``global_step time`` to ``OUT/steps-<id>.txt``; at the
 end it saves ``OUT/weights-<id>.pt`` (global step, weights) and ``OUT/opened-<id>.txt`` lists every checkpoint
-file the group read (a healed group reads none).
+file the group read (a healed group reads none). ``--crash-at K``: group 1 SIGKILLs itself at step K, once.
 """
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,15 +25,19 @@ from trainer.callbacks import ModelCheckpoint  # noqa: E402
 
 
 class Paced(Regressor):
-    def __init__(self, pause: float = 0.0, out: str = ".", alone_pause: float = 0.0) -> None:
+    def __init__(self, pause: float = 0.0, out: str = ".", alone_pause: float = 0.0, crash_at: int = -1) -> None:
         super().__init__()
-        self.pause, self.out, self.alone_pause = pause, out, alone_pause
+        self.pause, self.out, self.alone_pause, self.crash_at = pause, out, alone_pause, crash_at
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if self.global_rank == 0:
             replica = os.environ["REPLICA_GROUP_ID"]
             with open(Path(self.out, f"steps-{replica}.txt"), "a") as f:
                 f.write(f"{self.global_step} {time.time():.3f}\n")
+        crashed = Path(self.out, "crashed")
+        if self.global_step == self.crash_at and os.environ["REPLICA_GROUP_ID"] == "1" and not crashed.exists():
+            crashed.touch()
+            os.kill(os.getpid(), signal.SIGKILL)  # group 1 dies once, as a node would
         groups = self.trainer.strategy.replica_metrics["ft/replicas"]
         alone = groups < int(os.environ["NUM_REPLICA_GROUPS"])
         # A group missing: go slower, so a restarted one (seconds to start) rejoins before this run ends.
@@ -47,6 +53,7 @@ def main() -> None:
     parser.add_argument("--strategy", default="ft_ddp")
     parser.add_argument("--pause", type=float, default=0.0)
     parser.add_argument("--alone-pause", type=float, default=0.0)
+    parser.add_argument("--crash-at", type=int, default=-1)
     parser.add_argument("--ckpt-every", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
@@ -72,7 +79,7 @@ def main() -> None:
 
         strategy = FaultTolerantHSDPStrategy(state_dict_type="full", **options)
     torch.manual_seed(int(replica))  # the groups start different: the first quorum makes them equal
-    model = Paced(args.pause, args.out, args.alone_pause)
+    model = Paced(args.pause, args.out, args.alone_pause, args.crash_at)
     data = DataLoader(regression_data(n=64), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
     callbacks = []
     if args.ckpt_every:

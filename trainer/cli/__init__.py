@@ -7,6 +7,7 @@
 ``env``        print what the Trainer detects here (cluster, ranks, devices, versions)
 ``checkpoint`` ``checkpoint consolidate DIR OUT``: one file from a sharded checkpoint folder
 ``estimate-memory``  per-device memory of a module under each strategy, and a recommendation
+``lighthouse`` torchft's lighthouse, for fault-tolerant replica groups (``ft_ddp``/``ft_hsdp``)
 =============  ==============================================================================
 
 Each subcommand is a module of this package (``estimate-memory``: ``estimate_memory``) with ``add_parser(subparsers)`` (which sets ``handler``) and,
@@ -23,7 +24,7 @@ from typing import Optional
 
 from trainer.strategies.errors import ConfigurationError
 
-COMMANDS = ("config", "run", "slurm", "env", "checkpoint", "estimate_memory")
+COMMANDS = ("config", "run", "slurm", "env", "checkpoint", "estimate_memory", "lighthouse")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

@@ -164,3 +164,31 @@ def test_trainer_run_replica_groups_restarts_a_dead_group_which_heals_from_the_o
     assert a["global_step"] == b["global_step"] == steps
     for name, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][name]), name
+
+
+def test_when_every_group_dies_auto_resume_gives_the_weights_of_the_run_that_never_stopped(tmp_path):
+    """One group (all of the job) killed at step 17, restarted with ``ckpt_path="last"``: it resumes from the step-15
+    checkpoint and ends with exactly the weights of an uninterrupted run."""
+    steps, args = 30, ("--steps", "30", "--ckpt-every", "5")
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    whole.mkdir(), broken.mkdir()
+    (lighthouse, port), (other_lighthouse, other_port) = _lighthouse(whole), _lighthouse(broken)  # two jobs at once
+    try:
+        uninterrupted = _group(whole, 0, port, 1, *args)
+        crashed = _group(broken, 0, other_port, 1, *args, "--crash-at", "17", "--crash-group", "0")
+        crashed.wait(timeout=120)
+        assert crashed.returncode == -signal.SIGKILL, (broken / "group-0.log").read_text()
+        resumed = _group(broken, 0, other_port, 1, *args, "--resume", log="resumed.log")
+        _finish(uninterrupted, whole / "group-0.log", timeout=120)
+        output = _finish(resumed, broken / "resumed.log", timeout=120)
+    finally:
+        for process in (lighthouse, other_lighthouse):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    assert ".ckpt" in (broken / "opened-0.txt").read_text(), output
+    recorded = [step for step, _ in _steps(broken, 0)]
+    assert recorded[16:18] == [17, 16], recorded  # died after step 17, resumed after the step-15 checkpoint
+    a, b = _weights(whole, 0), _weights(broken, 0)
+    assert a["global_step"] == b["global_step"] == steps
+    for name, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][name]), name

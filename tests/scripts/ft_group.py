@@ -5,7 +5,7 @@
 id, the lighthouse and the number of groups come from ``REPLICA_GROUP_ID``, ``TORCHFT_LIGHTHOUSE`` and
 ``NUM_REPLICA_GROUPS``. After every step, group rank 0 appends ``global_step time`` to ``OUT/steps-<id>.txt``; at the
 end it saves ``OUT/weights-<id>.pt`` (global step, weights) and ``OUT/opened-<id>.txt`` lists every checkpoint
-file the group read (a healed group reads none). ``--crash-at K``: group 1 SIGKILLs itself at step K, once.
+file the group read (a healed group reads none). ``--crash-at K``: group 1 (``--crash-group``) SIGKILLs itself at step K, once.
 """
 import argparse
 import os
@@ -25,9 +25,11 @@ from trainer.callbacks import ModelCheckpoint  # noqa: E402
 
 
 class Paced(Regressor):
-    def __init__(self, pause: float = 0.0, out: str = ".", alone_pause: float = 0.0, crash_at: int = -1) -> None:
+    def __init__(self, pause: float = 0.0, out: str = ".", alone_pause: float = 0.0, crash_at: int = -1,
+                 crash_group: str = "1") -> None:  # fmt: skip
         super().__init__()
         self.pause, self.out, self.alone_pause, self.crash_at = pause, out, alone_pause, crash_at
+        self.crash_group = crash_group
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if self.global_rank == 0:
@@ -35,9 +37,9 @@ class Paced(Regressor):
             with open(Path(self.out, f"steps-{replica}.txt"), "a") as f:
                 f.write(f"{self.global_step} {time.time():.3f}\n")
         crashed = Path(self.out, "crashed")
-        if self.global_step == self.crash_at and os.environ["REPLICA_GROUP_ID"] == "1" and not crashed.exists():
+        if self.global_step == self.crash_at and os.environ["REPLICA_GROUP_ID"] == self.crash_group and not crashed.exists():
             crashed.touch()
-            os.kill(os.getpid(), signal.SIGKILL)  # group 1 dies once, as a node would
+            os.kill(os.getpid(), signal.SIGKILL)  # the group dies once, as a node would
         groups = self.trainer.strategy.replica_metrics["ft/replicas"]
         alone = groups < int(os.environ["NUM_REPLICA_GROUPS"])
         # A group missing: go slower, so a restarted one (seconds to start) rejoins before this run ends.
@@ -54,6 +56,7 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=0.0)
     parser.add_argument("--alone-pause", type=float, default=0.0)
     parser.add_argument("--crash-at", type=int, default=-1)
+    parser.add_argument("--crash-group", default="1")
     parser.add_argument("--ckpt-every", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
@@ -79,7 +82,7 @@ def main() -> None:
 
         strategy = FaultTolerantHSDPStrategy(state_dict_type="full", **options)
     torch.manual_seed(int(replica))  # the groups start different: the first quorum makes them equal
-    model = Paced(args.pause, args.out, args.alone_pause, args.crash_at)
+    model = Paced(args.pause, args.out, args.alone_pause, args.crash_at, args.crash_group)
     data = DataLoader(regression_data(n=64), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
     callbacks = []
     if args.ckpt_every:

@@ -125,23 +125,17 @@ class FaultTolerantHSDPStrategy(ReplicaGroupMember, FSDPStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any) -> None:
         """Written by the live group with the lowest replica rank only (every rank of it: sharded folders)."""
-        if self._writes_checkpoints:
+        if self.is_checkpoint_writer:
             super().save_checkpoint(checkpoint, path)
 
     def save_checkpoint_async(self, checkpoint: dict[str, Any], path: Any, writer: Any) -> None:
         """As :meth:`save_checkpoint`, in ``writer``'s thread."""
-        if self._writes_checkpoints:
+        if self.is_checkpoint_writer:
             super().save_checkpoint_async(checkpoint, path, writer)
 
     def remove_checkpoint(self, path: Any) -> None:
-        if self._writes_checkpoints:
+        if self.is_checkpoint_writer:
             super().remove_checkpoint(path)
-
-    @property
-    def _writes_checkpoints(self) -> bool:
-        # Every rank of a sharded group writes its shards: the choice is per group, not per rank.
-        manager = self.manager
-        return manager is None or self._replicas <= 1 or manager.participating_rank() in (0, None)
 
     def _destroy_process_group(self) -> None:
         self._shutdown_manager()

@@ -299,14 +299,10 @@ class ReplicaGroupMember:
 
     @property
     def is_checkpoint_writer(self) -> bool:
-        """True on the rank that writes checkpoints: global rank 0 of the live group with the lowest replica rank
-        in the current quorum, so groups never overwrite each other."""
-        if not self.is_global_zero:  # type: ignore[attr-defined]
-            return False
+        """True in the group that writes checkpoints: the live group with the lowest replica rank in the current
+        quorum, so groups never overwrite each other (which of its ranks write is the strategy's usual rule)."""
         manager = self.manager
-        if manager is None:
-            return True
-        return manager.participating_rank() in (0, None) if self._replicas > 1 else True
+        return manager is None or self._replicas <= 1 or manager.participating_rank() in (0, None)
 
     def _shutdown_manager(self) -> None:
         if self._semi_sync is not None:

@@ -109,10 +109,26 @@ def _weights(out: Path, replica: int) -> dict:
     return torch.load(out / f"weights-{replica}.pt", weights_only=True)
 
 
-@pytest.mark.parametrize(("strategy", "ranks", "steps", "kill_at"), [("ft_ddp", 1, 80, 15), ("ft_hsdp", 2, 40, 8)])
-def test_a_killed_group_does_not_stop_the_other_and_heals_from_it_when_restarted(tmp_path, strategy, ranks, steps,
-                                                                                 kill_at):  # fmt: skip
-    """ft_ddp: two one-process groups; ft_hsdp: two groups of 2 ranks (FSDP2 inside each)."""
+def _assert_survived_and_healed(out: Path, killed_at: float, survivor_log: str, restarted_log: str, steps: int) -> None:
+    """Group 0 kept stepping after ``killed_at``; group 1, restarted, healed from it; both end equal at ``steps``."""
+    after = [(s, at) for s, at in _steps(out, 0) if at >= killed_at]
+    assert after, survivor_log
+    gaps = [b - a for (_, a), (_, b) in zip([(0, killed_at)] + after, after)]
+    assert max(gaps) < 30, gaps  # no stall over 30 s
+    assert all(b >= a for (a, _), (b, _) in zip(after, after[1:]))  # the global step only rose
+    assert "1 group(s) left" in survivor_log, survivor_log
+    assert "healed from a peer" in restarted_log, restarted_log
+    assert (out / "opened-1.txt").read_text() == ""  # no checkpoint read
+    a, b = _weights(out, 0), _weights(out, 1)
+    assert a["global_step"] == b["global_step"] == steps
+    for name, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][name]), name
+    assert a["metrics"]["ft/samples_skipped"] > 0  # the dead group's batches of the steps it missed
+
+
+def test_a_killed_hsdp_group_does_not_stop_the_other_and_heals_from_it_when_restarted(tmp_path):
+    """ft_hsdp: two groups of 2 ranks (FSDP2 inside each, torchrun); one group SIGKILLed, then started again."""
+    strategy, ranks, steps, kill_at = "ft_hsdp", 2, 40, 8
     # Slower while a group is missing: a restarted group takes 10-15 s to start on a loaded CPU.
     pace = ("--steps", str(steps), "--strategy", strategy, "--pause", "0.05", "--alone-pause", "1.0")
     lighthouse, port = _lighthouse(tmp_path)
@@ -129,29 +145,13 @@ def test_a_killed_group_does_not_stop_the_other_and_heals_from_it_when_restarted
         os.killpg(lighthouse.pid, signal.SIGKILL)
         lighthouse.wait(timeout=30)
 
-    # The survivor kept stepping: no gap over 30 s after the kill, its global step only rose.
-    after = [(s, at) for s, at in _steps(tmp_path, 0) if at >= killed_at]
-    assert after, survivor_log
-    gaps = [b - a for (_, a), (_, b) in zip([(0, killed_at)] + after, after)]
-    assert max(gaps) < 30, gaps
-    assert all(b >= a for (a, _), (b, _) in zip(after, after[1:]))
-    assert "1 group(s) left" in survivor_log, survivor_log
-    # The restarted group healed from the survivor, reading no checkpoint.
-    assert "healed from a peer" in restarted_log, restarted_log
-    assert (tmp_path / "opened-1.txt").read_text() == ""
-    first_restarted_step = _steps(tmp_path, 1)[-1]
-    assert first_restarted_step[0] == steps
-    # Both end at max_steps with the same weights, bit for bit.
-    a, b = _weights(tmp_path, 0), _weights(tmp_path, 1)
-    assert a["global_step"] == b["global_step"] == steps
-    for name, value in a["state_dict"].items():
-        assert torch.equal(value, b["state_dict"][name]), name
-    assert a["metrics"]["ft/samples_skipped"] > 0  # the dead group's batches of the steps it missed
+    _assert_survived_and_healed(tmp_path, killed_at, survivor_log, restarted_log, steps)
 
 
-def test_trainer_run_replica_groups_restarts_a_dead_group_which_heals_from_the_other(tmp_path):
-    """``trainer run --replica-groups 2 --max-restarts 1``: the lighthouse, two groups; group 1 dies once (SIGKILL at
-    step 10) and the launcher starts it again; it heals, and both end equal at max_steps."""
+def test_trainer_run_replica_groups_keeps_going_when_a_group_dies_and_restarts_it_to_heal(tmp_path):
+    """``trainer run --replica-groups 2 --max-restarts 1`` (ft_ddp, one process per group): group 1 SIGKILLs itself at
+    step 10; group 0 keeps stepping, the launcher starts group 1 again, it heals from group 0 without reading a
+    checkpoint, and both end bitwise equal at max_steps."""
     steps = 50
     log = tmp_path / "run.log"
     run = _start([sys.executable, "-m", "trainer", "run", "--replica-groups", "2", "--max-restarts", "1", str(GROUP),
@@ -159,11 +159,8 @@ def test_trainer_run_replica_groups_restarts_a_dead_group_which_heals_from_the_o
                  log)  # fmt: skip
     output = _finish(run, log, timeout=150)
     assert "replica group 1 exited with" in output and "restart 1 of 1" in output, output
-    assert "healed from a peer" in output, output
-    a, b = _weights(tmp_path, 0), _weights(tmp_path, 1)
-    assert a["global_step"] == b["global_step"] == steps
-    for name, value in a["state_dict"].items():
-        assert torch.equal(value, b["state_dict"][name]), name
+    killed_at = next(at for step, at in _steps(tmp_path, 1) if step == 10)  # it died right after recording step 10
+    _assert_survived_and_healed(tmp_path, killed_at, output, output, steps)
 
 
 def test_when_every_group_dies_auto_resume_gives_the_weights_of_the_run_that_never_stopped(tmp_path):

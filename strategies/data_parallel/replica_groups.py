@@ -198,8 +198,12 @@ class ReplicaGroupMember:
                 return self._to_wire(state())
 
         def receive(sent: Any) -> None:
+            nonlocal healed
             with self._peer_state():
                 load(self._from_wire(sent))
+            healed = True
+
+        healed = False
 
         manager.register_state_dict_fn("trainer", receive, send)
         # The manager counts committed quorum steps: every step when synchronous, every sync_every steps otherwise.
@@ -210,10 +214,13 @@ class ReplicaGroupMember:
         elif self.mode == "local_sgd" and self._semi_sync is not None:
             self._semi_sync.sync()  # the live groups meet at their next synchronisation; this one heals there
             self._replicas = manager.num_participants()
-        log.info("ft: replica group %d joined at step %d with %d group(s)%s", self.replica_id,
-                 manager.current_step(), self._replicas,
-                 f" (healed from a peer at step {manager.current_step()})" if manager.current_step() != step
-                 else "")  # fmt: skip
+        if self.mode == "diloco":
+            log.info("ft: replica group %d joined at step %d; the groups meet at the next synchronisation",
+                     self.replica_id, global_step)  # fmt: skip
+            return
+        at = f"{'step' if self.mode == 'sync' else 'synchronisation'} {manager.current_step()}"
+        log.info("ft: replica group %d joined at %s with %d group(s)%s", self.replica_id, at, self._replicas,
+                 f" (healed from a peer at {at})" if healed else "")  # fmt: skip
 
     @contextlib.contextmanager
     def _peer_state(self) -> Iterator[None]:

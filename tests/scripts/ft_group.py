@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--crash-group", default="1")
     parser.add_argument("--ckpt-every", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--mode", default="sync", help="ft_ddp's mode: sync, local_sgd or diloco")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +77,7 @@ def main() -> None:
     if args.strategy == "ft_ddp":
         from trainer.strategies.data_parallel.fault_tolerant import FaultTolerantStrategy
 
-        strategy = FaultTolerantStrategy(**options)
+        strategy = FaultTolerantStrategy(mode=args.mode, sync_every=5, **options)
     else:  # one full state dict at the end, to compare the groups' weights whole
         from trainer.strategies.data_parallel.fault_tolerant_hsdp import FaultTolerantHSDPStrategy
 

@@ -357,7 +357,8 @@ class ModelCheckpoint(Callback):
     def _write_last(self, trainer: Any, previous: str) -> None:
         path = self.last_model_path
         if self._just_saved:
-            if trainer.is_global_zero:
+            # A fault-tolerant job's groups share the folder; only the group that wrote the checkpoint links it.
+            if trainer.is_global_zero and getattr(trainer.strategy, "is_checkpoint_writer", True):
                 source, symbolic = self._just_saved, self.save_last == "link"
                 _after_commit(trainer, lambda: atomic_link(source, path, symbolic=symbolic))
             trainer.strategy.barrier("ModelCheckpoint.last")

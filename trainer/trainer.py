@@ -238,6 +238,11 @@ class Trainer:
             callbacks, self.enable_checkpointing, self.enable_progress_bar, self.enable_model_summary
         )
         self.callbacks = with_max_time(self.callbacks, max_time, self.enable_checkpointing)
+        if getattr(self.strategy, "replica_metrics", None) is not None:  # ft_ddp / ft_hsdp: log ft/replicas & co.
+            from trainer.callbacks.replica_monitor import ReplicaMonitor
+
+            if not any(isinstance(cb, ReplicaMonitor) for cb in self.callbacks):
+                self.callbacks.append(ReplicaMonitor())
 
     @classmethod
     def from_config(cls, config: Union[str, os.PathLike, dict[str, Any], None] = None, **defaults: Any) -> "Trainer":

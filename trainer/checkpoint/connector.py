@@ -426,9 +426,33 @@ class CheckpointConnector:
             trainer._optimization.window_has_loss = True
 
     def resume_point(self) -> None:
-        """The training loop is about to start: put back the RNG of the restored checkpoint (no-op otherwise)."""
+        """The training loop is about to start: a fault-tolerant strategy joins its replica groups (and may heal from
+        a peer, :meth:`load_from_peer`); then the RNG of the restored checkpoint is put back (no-op otherwise)."""
+        trainer = self.trainer
+        trainer.strategy.join_replicas(self.dump, self.load_from_peer, trainer.fit_loop.progress.global_step)
         if self._resume is not None and self._resume.get("rng") is not None:
             restore_rng_state(self._resume["rng"])
+
+    def load_from_peer(self, checkpoint: dict[str, Any]) -> None:
+        """Heal from a live replica group's in-memory checkpoint (what its :meth:`dump` gave): weights, callbacks,
+        datamodule, loop position, optimizers, schedulers, scaler; the data position and RNG are applied where the
+        training iterator starts, as on a resume. No file is read and no hook runs."""
+        trainer = self.trainer
+        strategy = trainer.strategy
+        self._load_module_state(checkpoint, "a peer replica group's state")
+        self._restore_datamodule(checkpoint)
+        saved_callbacks = checkpoint.get("callbacks", {})
+        for callback in trainer.callbacks:
+            state = callback_state(saved_callbacks, callback.state_key)
+            if state:
+                callback.load_state_dict(state)
+        self.restore_progress(checkpoint)
+        for optimizer, state in zip(trainer.optimizers, checkpoint.get("optimizer_states", [])):
+            strategy.load_optimizer_state_dict(optimizer, state)
+        for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
+            config.scheduler.load_state_dict(state)
+        strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+        self._resume = {"rng": checkpoint.get("rng"), "train_sampler": checkpoint.get("train_sampler")}
 
     def _load_module_state(self, checkpoint: dict[str, Any], path: Any) -> None:
         module = self.trainer.module

@@ -192,8 +192,8 @@ def over_budget_message(plan: Plan, role: Role, budget: int) -> str:
     holders = dict(top.step.peak_holders)
     biggest = max(holders, key=holders.get) if holders else "?"
     lines = [
-        f"{role.name} ({_span(role.ranks)}): the step's peak is {_gb(top.step.peak_bytes)} on rank {top.rank}, over "
-        f"the {_gb(budget)} of one device; the biggest holder is {biggest} ({_gb(holders.get(biggest, 0))}).",
+        f"{role.name} ({_span(role.ranks)}): the step's peak is {human_bytes(top.step.peak_bytes)} on rank {top.rank}, over "
+        f"the {human_bytes(budget)} of one device; the biggest holder is {biggest} ({human_bytes(holders.get(biggest, 0))}).",
     ]
     fits = suggest_layouts(plan, role, budget)
     lines.append("Layouts that an estimate from this plan says fit (plan them to confirm): " + "; ".join(fits)
@@ -225,7 +225,7 @@ def suggest_layouts(plan: Plan, role: Role, budget: int) -> list[str]:
                 new_act = activations * layout.tp / tp / (4 if ckpt and not spec.activation_checkpointing else 1)
                 if new_state + new_act <= budget * 0.9 and (tp, pp, ckpt) != (layout.tp, layout.pp, False):
                     extra = " --activation-checkpointing BLOCK" if ckpt else ""
-                    out.append(f"--dp-shard {dp_shard} --tp {tp} --pp {pp}{extra} (~{_gb(new_state + new_act)})")
+                    out.append(f"--dp-shard {dp_shard} --tp {tp} --pp {pp}{extra} (~{human_bytes(new_state + new_act)})")
                     break
     return out[:4]
 
@@ -238,4 +238,3 @@ def human_bytes(value: float) -> str:
     return f"{int(value)} B"
 
 
-_gb = human_bytes

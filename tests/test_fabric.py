@@ -76,6 +76,7 @@ def test_save_and_load_of_a_state_dict_restore_modules_optimizers_and_values(job
         assert report["saved_keys"] == ["model", "optimizer", "step"]
         assert report["same_after_load"] and report["same_momentum"]
         assert report["loaded_step"] == report["step"] and report["remainder"] == []
+        assert report["reaches_module"]  # attributes, indexing and state-dict keys are the user's module's
 
 
 def test_collectives_callbacks_loggers_and_print_on_two_ranks(jobs):

@@ -91,3 +91,15 @@ def test_a_folder_with_other_objects_is_refused_naming_what_differs(tmp_path):
     other.prepare(torch.nn.Linear(3, 2))
     with pytest.raises(CheckpointError, match="1 optimizers saved, 0 prepared"):
         other.load_state(tmp_path / "ckpt")
+
+
+def test_the_engine_points_an_accelerate_folder_to_the_accelerator(tmp_path):
+    from trainer import Engine
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, scheduler = _objects(accelerator, seed=0)
+    _write_like_accelerate(tmp_path / "ckpt", model, optimizer, scheduler, safe=False)
+    engine = Engine(accelerator="cpu")
+    engine.prepare(torch.nn.Linear(3, 2))
+    with pytest.raises(CheckpointError, match=r"Accelerate's save_state .*Accelerator\(\.\.\.\)\.load_state"):
+        engine.load_state(tmp_path / "ckpt")

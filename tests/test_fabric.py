@@ -76,6 +76,7 @@ def test_save_and_load_of_a_state_dict_restore_modules_optimizers_and_values(job
         assert report["saved_keys"] == ["model", "optimizer", "step"]
         assert report["same_after_load"] and report["same_momentum"]
         assert report["loaded_step"] == report["step"] and report["remainder"] == []
+        assert report["reaches_module"]  # attributes, indexing and state-dict keys are the user's module's
 
 
 def test_collectives_callbacks_loggers_and_print_on_two_ranks(jobs):
@@ -159,3 +160,28 @@ def test_collectives_and_members_in_one_process(fabric, capsys):
     assert fabric.seed_everything(3) == 3
     with pytest.raises(ValueError, match="not a logger"):
         type(fabric)(accelerator="cpu", devices=1, loggers="csv")
+
+
+def test_two_models_and_optimizers_as_in_fabrics_dcgan_example(fabric, tmp_path):
+    """Two set-up models, each with its optimizer, trained in turn; both saved and restored in one state dict."""
+    torch.manual_seed(0)
+    generator, discriminator = nn.Linear(4, 8), nn.Linear(8, 1)
+    generator, g_optimizer = fabric.setup(generator, torch.optim.Adam(generator.parameters(), lr=1e-2))
+    discriminator, d_optimizer = fabric.setup(discriminator, torch.optim.Adam(discriminator.parameters(), lr=1e-2))
+    for _ in range(3):
+        fake = generator(torch.randn(5, 4))
+        fabric.backward(discriminator(fake.detach()).mean())
+        d_optimizer.step()
+        d_optimizer.zero_grad()
+        fabric.backward(-discriminator(fake).mean())
+        g_optimizer.step()
+        g_optimizer.zero_grad()
+    state = {"generator": generator, "discriminator": discriminator, "g_opt": g_optimizer, "d_opt": d_optimizer}
+    fabric.save(tmp_path / "gan.ckpt", state)
+    fresh_g, fresh_d = nn.Linear(4, 8), nn.Linear(8, 1)
+    fresh_g, fresh_g_opt = fabric.setup(fresh_g, torch.optim.Adam(fresh_g.parameters(), lr=1e-2))
+    fresh_d, fresh_d_opt = fabric.setup(fresh_d, torch.optim.Adam(fresh_d.parameters(), lr=1e-2))
+    fabric.load(tmp_path / "gan.ckpt", {"generator": fresh_g, "discriminator": fresh_d, "g_opt": fresh_g_opt,
+                                        "d_opt": fresh_d_opt})  # fmt: skip
+    assert torch.equal(fresh_g.weight, generator.weight) and torch.equal(fresh_d.weight, discriminator.weight)
+    assert fresh_g_opt.state_dict()["state"][0]["step"] == 3

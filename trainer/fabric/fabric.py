@@ -32,6 +32,7 @@ from trainer.config.plugins import apply_to_strategy, sort_plugins
 from trainer.engine.engine import Engine
 from trainer.engine.wrappers import EngineDataLoader, EngineOptimizer
 from trainer.fabric.state import load_state, save_state, state_of, whole_state_dicts
+from trainer.fabric.wrappers import FabricModule
 from trainer.loggers.logger import Logger
 from trainer.reproducibility.seed import seed_everything as _seed_everything
 from trainer.strategies.errors import ConfigurationError
@@ -200,6 +201,8 @@ class Fabric:
     # ------------------------------------------------------------------ setting up
     def _prepared_module(self, obj: Any) -> Optional[nn.Module]:
         """The user's module behind ``obj`` when ``obj`` was set up by this Fabric, else None."""
+        if isinstance(obj, FabricModule):
+            obj = obj._forward_module
         for module, runner, _ in self._engine._modules:
             if obj is runner or obj is module or getattr(obj, "_orig_mod", None) is runner:
                 return module
@@ -208,14 +211,19 @@ class Fabric:
     def setup(self, module: nn.Module, *optimizers: Optimizer, scheduler: Any = None, move_to_device: bool = True,
               _reapply_compile: bool = True) -> Any:  # fmt: skip
         """Set up ``module`` (precision, device, strategy wrapper) and ``optimizers`` (and an LR ``scheduler``);
-        returns ``module`` alone, or ``(module, *optimizers[, scheduler])``."""
+        returns ``module`` alone, or ``(module, *optimizers[, scheduler])``. Where the strategy wraps the module
+        (DDP) the returned one is a :class:`~trainer.fabric.wrappers.FabricModule`: calls go through the wrapper,
+        attributes, methods and the state dict are your module's (``.module`` is yours)."""
         self._check_ready("setup()")
         self._check_module(module, "setup")
         for optimizer in optimizers:
             self._check_optimizer(optimizer, "setup")
         self._check_move(move_to_device, "setup")
         extra = [] if scheduler is None else [scheduler]
-        return self._engine.prepare(module, *optimizers, *extra)
+        prepared = self._engine.prepare(module, *optimizers, *extra)
+        if not optimizers and not extra:
+            return self._wrap(prepared)
+        return (self._wrap(prepared[0]), *prepared[1:])
 
     def setup_module(self, module: nn.Module, move_to_device: bool = True, _reapply_compile: bool = True) -> nn.Module:
         """Set up ``module`` alone (then :meth:`setup_optimizers` with optimizers built from its parameters, as
@@ -223,7 +231,12 @@ class Fabric:
         self._check_ready("setup_module()")
         self._check_module(module, "setup_module")
         self._check_move(move_to_device, "setup_module")
-        return self._engine.prepare(module)
+        return self._wrap(self._engine.prepare(module))
+
+    def _wrap(self, runner: nn.Module) -> nn.Module:
+        """The module the strategy runs, or a :class:`FabricModule` when it is a wrapper around the user's module."""
+        module = self._prepared_module(runner)
+        return runner if module is None or module is runner else FabricModule(runner, module)
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Set up ``optimizers``; returns one optimizer, or a tuple of them."""
@@ -338,7 +351,7 @@ class Fabric:
                                      ": model = fabric.setup(model, ...).")  # fmt: skip
         if not enabled:
             return contextlib.nullcontext()
-        return self._engine.no_sync(module)
+        return self._engine.no_sync(module._forward_module if isinstance(module, FabricModule) else module)
 
     def autocast(self) -> ContextManager:
         """The precision's forward context (autocast under mixed precision), for code outside a set-up module."""

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from trainer.callbacks.early_stopping import EarlyStopping  # noqa: F401
     from trainer.callbacks.fit_report import FitReport  # noqa: F401
     from trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler  # noqa: F401
+    from trainer.callbacks.hf_checkpoint import HFCheckpoint  # noqa: F401
     from trainer.callbacks.lambda_callback import LambdaCallback  # noqa: F401
     from trainer.callbacks.lr_finder import LearningRateFinder  # noqa: F401
     from trainer.callbacks.lr_monitor import LearningRateMonitor  # noqa: F401
@@ -47,6 +48,7 @@ _LAZY = {
     "EarlyStopping": "trainer.callbacks.early_stopping",
     "FitReport": "trainer.callbacks.fit_report",
     "GradientAccumulationScheduler": "trainer.callbacks.gradient_accumulation_scheduler",
+    "HFCheckpoint": "trainer.callbacks.hf_checkpoint",
     "LambdaCallback": "trainer.callbacks.lambda_callback",
     "LearningRateFinder": "trainer.callbacks.lr_finder",
     "LearningRateMonitor": "trainer.callbacks.lr_monitor",

@@ -186,7 +186,6 @@ class ReplicaGroupMember:
             connect_timeout=self.connect_timeout, rank=rank, world_size=world, store_addr=env.main_address,
             store_port=int(env.main_port), lighthouse_addr=self.lighthouse, replica_id=str(self.replica_id),
         )  # fmt: skip
-        self._pg = pg
 
     def join_replicas(self, state: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None],
                       global_step: int) -> None:  # fmt: skip

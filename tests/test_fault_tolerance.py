@@ -151,16 +151,20 @@ def test_a_killed_hsdp_group_does_not_stop_the_other_and_heals_from_it_when_rest
 def test_trainer_run_replica_groups_keeps_going_when_a_group_dies_and_restarts_it_to_heal(tmp_path):
     """``trainer run --replica-groups 2 --max-restarts 1`` (ft_ddp, one process per group): group 1 SIGKILLs itself at
     step 10; group 0 keeps stepping, the launcher starts group 1 again, it heals from group 0 without reading a
-    checkpoint, and both end bitwise equal at max_steps."""
+    checkpoint, and both end bitwise equal at max_steps. Both groups checkpoint into one folder."""
     steps = 50
     log = tmp_path / "run.log"
     run = _start([sys.executable, "-m", "trainer", "run", "--replica-groups", "2", "--max-restarts", "1", str(GROUP),
-                  str(tmp_path), "--steps", str(steps), "--pause", "0.05", "--alone-pause", "1.0", "--crash-at", "10"],
-                 log)  # fmt: skip
+                  str(tmp_path), "--steps", str(steps), "--pause", "0.05", "--alone-pause", "1.0", "--crash-at", "10",
+                  "--ckpt-every", "10"], log)  # fmt: skip
     output = _finish(run, log, timeout=150)
     assert "replica group 1 exited with" in output and "restart 1 of 1" in output, output
     killed_at = next(at for step, at in _steps(tmp_path, 1) if step == 10)  # it died right after recording step 10
     _assert_survived_and_healed(tmp_path, killed_at, output, output, steps)
+    # Both groups' ModelCheckpoint share one folder; one group wrote each checkpoint, whole.
+    saved = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+    assert [name for name in saved if name.endswith(f"step={steps}.ckpt")] and "last.ckpt" in saved, saved
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == steps
 
 
 def test_when_every_group_dies_auto_resume_gives_the_weights_of_the_run_that_never_stopped(tmp_path):

@@ -47,3 +47,19 @@ def test_choosing_ft_ddp_imports_no_torchft_until_it_sets_up():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--replica-groups", "0"], "--replica-groups 0 must be at least 1"),
+    (["--replica-groups", "2", "--min-replicas", "3"], "--min-replicas 3 must be between 1 and --replica-groups 2"),
+    (["--min-replicas", "2"], "--min-replicas and --lighthouse-port go with --replica-groups N"),
+    (["--replica-groups", "2", "--num-nodes", "2", "--main-address", "node0"], "one `trainer run` per group"),
+])  # fmt: skip
+def test_trainer_run_refuses_replica_group_misuse(argv, words, capsys):
+    from pathlib import Path
+
+    from trainer.cli import main
+
+    script = str(Path(__file__).parent / "scripts" / "ft_group.py")
+    assert main(["run", *argv, script]) == 2
+    assert words in capsys.readouterr().err

@@ -111,6 +111,9 @@ class ReplicaGroupMember:
         self.manager: Any = None
         #: True while a training state is read for, or loaded from, a peer group (see ``_peer_state``).
         self.for_peer = False
+        self._state_fns: Any = None  # (state, load) of the running fit, given by join_replicas
+        self._registered = False
+        self._healed = False
         self._in_step = False  # a quorum was formed for the step now running
         self._replicas = 0  # groups in the last quorum
         self._quorum_start = 0.0
@@ -183,7 +186,6 @@ class ReplicaGroupMember:
             connect_timeout=self.connect_timeout, rank=rank, world_size=world, store_addr=env.main_address,
             store_port=int(env.main_port), lighthouse_addr=self.lighthouse, replica_id=str(self.replica_id),
         )  # fmt: skip
-        self._pg = pg
 
     def join_replicas(self, state: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None],
                       global_step: int) -> None:  # fmt: skip
@@ -193,19 +195,11 @@ class ReplicaGroupMember:
         if manager is None:
             return
 
-        def send() -> Any:
-            with self._peer_state():
-                return self._to_wire(state())
-
-        def receive(sent: Any) -> None:
-            nonlocal healed
-            with self._peer_state():
-                load(self._from_wire(sent))
-            healed = True
-
-        healed = False
-
-        manager.register_state_dict_fn("trainer", receive, send)
+        self._state_fns = (state, load)  # the running fit's (a later fit in this process replaces them)
+        self._healed = False
+        if not self._registered:  # torchft refuses a second registration under one key
+            manager.register_state_dict_fn("trainer", self._receive, self._send)
+            self._registered = True
         # The manager counts committed quorum steps: every step when synchronous, every sync_every steps otherwise.
         step = global_step if self.mode == "sync" else global_step // self.sync_every
         manager.load_state_dict({"step": step, "batches_committed": manager.batches_committed()})
@@ -220,7 +214,18 @@ class ReplicaGroupMember:
             return
         at = f"{'step' if self.mode == 'sync' else 'synchronisation'} {manager.current_step()}"
         log.info("ft: replica group %d joined at %s with %d group(s)%s", self.replica_id, at, self._replicas,
-                 f" (healed from a peer at {at})" if healed else "")  # fmt: skip
+                 f" (healed from a peer at {at})" if self._healed else "")  # fmt: skip
+
+    def _send(self) -> Any:
+        """The training state a healing peer receives (torchft calls it in its quorum thread)."""
+        with self._peer_state():
+            return self._to_wire(self._state_fns[0]())
+
+    def _receive(self, sent: Any) -> None:
+        """Load a live peer's training state (torchft calls it when this group heals)."""
+        with self._peer_state():
+            self._state_fns[1](self._from_wire(sent))
+        self._healed = True
 
     @contextlib.contextmanager
     def _peer_state(self) -> Iterator[None]:

@@ -41,6 +41,10 @@ def check(args: argparse.Namespace, num_nodes: int) -> None:
         return
     if groups < 1:
         raise ConfigurationError(f"--replica-groups {groups} must be at least 1.")
+    if getattr(args, "ray", None):
+        raise ConfigurationError(
+            "--replica-groups starts its groups with torchrun on this machine and --ray on a Ray cluster; choose one."
+        )
     if not 1 <= args.min_replicas <= groups:
         raise ConfigurationError(f"--min-replicas {args.min_replicas} must be between 1 and --replica-groups {groups}.")
     if num_nodes > 1:

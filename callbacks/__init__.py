@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from trainer.callbacks.early_stopping import EarlyStopping  # noqa: F401
     from trainer.callbacks.fit_report import FitReport  # noqa: F401
     from trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler  # noqa: F401
+    from trainer.callbacks.hf_checkpoint import HFCheckpoint  # noqa: F401
     from trainer.callbacks.lambda_callback import LambdaCallback  # noqa: F401
     from trainer.callbacks.lr_finder import LearningRateFinder  # noqa: F401
     from trainer.callbacks.lr_monitor import LearningRateMonitor  # noqa: F401
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from trainer.callbacks.model_checkpoint import ModelCheckpoint  # noqa: F401
     from trainer.callbacks.model_summary import ModelSummary  # noqa: F401
     from trainer.callbacks.progress_bar import ProgressBar  # noqa: F401
+    from trainer.callbacks.replica_monitor import ReplicaMonitor  # noqa: F401
     from trainer.callbacks.rich_progress import RichProgressBar  # noqa: F401
     from trainer.callbacks.stochastic_weight_averaging import StochasticWeightAveraging  # noqa: F401
     from trainer.callbacks.throughput_monitor import ThroughputMonitor  # noqa: F401
@@ -46,6 +48,7 @@ _LAZY = {
     "EarlyStopping": "trainer.callbacks.early_stopping",
     "FitReport": "trainer.callbacks.fit_report",
     "GradientAccumulationScheduler": "trainer.callbacks.gradient_accumulation_scheduler",
+    "HFCheckpoint": "trainer.callbacks.hf_checkpoint",
     "LambdaCallback": "trainer.callbacks.lambda_callback",
     "LearningRateFinder": "trainer.callbacks.lr_finder",
     "LearningRateMonitor": "trainer.callbacks.lr_monitor",
@@ -53,6 +56,7 @@ _LAZY = {
     "ModelCheckpoint": "trainer.callbacks.model_checkpoint",
     "ModelSummary": "trainer.callbacks.model_summary",
     "ProgressBar": "trainer.callbacks.progress_bar",
+    "ReplicaMonitor": "trainer.callbacks.replica_monitor",
     "RichProgressBar": "trainer.callbacks.rich_progress",
     "StochasticWeightAveraging": "trainer.callbacks.stochastic_weight_averaging",
     "ThroughputMonitor": "trainer.callbacks.throughput_monitor",

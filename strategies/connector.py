@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.strategies.accelerators import parse_devices, resolve_accelerator
+from trainer.strategies.accelerators import parse_devices, refuse_no_devices, resolve_accelerator
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.precision import precision_plugin
 from trainer.strategies.registry import create_strategy
@@ -23,6 +23,7 @@ def build_strategy(
 
     ``cluster_environment`` (a ``ClusterEnvironment``) replaces detection, for strategies that take one."""
     plugin = precision_plugin(precision)
+    refuse_no_devices(accelerator, devices)
     kind = resolve_accelerator(accelerator)
     from trainer.strategies.launch.environments import detect_environment  # on use: keeps `import trainer` light
 

@@ -35,7 +35,8 @@ from trainer.data.combined_loader import CombinedLoader
 from trainer.faults import slurm_requeue
 from trainer import integrations
 from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
-                                      check_init_setting, checkpoints_last, resolve_max_epochs, validate_arguments, with_max_time)
+                                      check_ckpt_path, check_init_setting, checkpoints_last, resolve_max_epochs,
+                                      validate_arguments, with_max_time)  # fmt: skip
 from trainer.checkpoint.connector import CheckpointConnector
 from trainer.module.datamodule import DataModule
 from trainer.data.distributed import balance_training_batches
@@ -123,6 +124,7 @@ class Trainer:
         inference_mode: bool = True,
         fast_dev_run: Union[bool, int] = False,
         use_distributed_sampler: bool = True,
+        sample_seeds: bool = True,
         reload_dataloaders_every_n_epochs: int = 0,
         detect_anomaly: bool = False,
         barebones: bool = False,
@@ -156,6 +158,9 @@ class Trainer:
         for name, value in settings.items():
             setattr(self, name, value)
         self.use_distributed_sampler = bool(use_distributed_sampler)
+        #: Seed each training sample's torch/random/numpy generators from (run seed, epoch, index) (exact resume
+        #: with workers and random augmentation; see docs/checkpointing.md). False: the workers' own streams.
+        self.sample_seeds = bool(sample_seeds)
         self.detect_anomaly = bool(detect_anomaly)
         self.enable_checkpointing = bool(enable_checkpointing)
         self.enable_progress_bar = bool(enable_progress_bar)
@@ -233,6 +238,11 @@ class Trainer:
             callbacks, self.enable_checkpointing, self.enable_progress_bar, self.enable_model_summary
         )
         self.callbacks = with_max_time(self.callbacks, max_time, self.enable_checkpointing)
+        if getattr(self.strategy, "replica_metrics", None) is not None:  # ft_ddp / ft_hsdp: log ft/replicas & co.
+            from trainer.callbacks.replica_monitor import ReplicaMonitor
+
+            if not any(isinstance(cb, ReplicaMonitor) for cb in self.callbacks):
+                self.callbacks.append(ReplicaMonitor())
 
     @classmethod
     def from_config(cls, config: Union[str, os.PathLike, dict[str, Any], None] = None, **defaults: Any) -> "Trainer":
@@ -262,6 +272,7 @@ class Trainer:
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise ConfigurationError("fit(): pass either dataloaders or a datamodule, not both.")
         self._check_module(model, "fit")
+        check_ckpt_path(ckpt_path, "fit")
         from trainer.callbacks.timer import Timer
 
         self.max_epochs = resolve_max_epochs(self.max_epochs, self.max_steps,
@@ -301,7 +312,7 @@ class Trainer:
         """Run ``predict_step`` over the data; returns the outputs (one list per dataloader if several)."""
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
-        ckpt_path = self._ckpt_path_without_model("predict", model, ckpt_path)
+        ckpt_path = self._ckpt_path_without_model("predict", model, check_ckpt_path(ckpt_path, "predict"))
         model = self._model_or_fitted(model, "predict")
         return self._launch(self._predict_impl, model, dataloaders, datamodule, return_predictions, ckpt_path)
 
@@ -386,7 +397,7 @@ class Trainer:
                   datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
-        ckpt_path = self._ckpt_path_without_model(stage, model, ckpt_path)
+        ckpt_path = self._ckpt_path_without_model(stage, model, check_ckpt_path(ckpt_path, stage))
         model = self._model_or_fitted(model, stage)
         step = "validation_step" if stage == "validate" else "test_step"
         if not overrides(model, TrainModule, step):

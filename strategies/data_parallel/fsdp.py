@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from trainer.strategies.hf_models import no_split_classes
 from trainer.strategies.speed.deferred_init import materialize
 from trainer.strategies.launch.environments import ClusterEnvironment
 from trainer.strategies.launch.hang_report import DEFAULT_TRAIN_TIMEOUT_S
@@ -47,7 +48,7 @@ from trainer.strategies.checkpoint.sharded_checkpoint import (
     parameter_names,
 )
 
-WrapPolicy = Union[None, int, Iterable[type], Callable[[nn.Module], bool]]
+WrapPolicy = Union[None, str, int, Iterable[type], Callable[[nn.Module], bool]]
 
 
 class _Root(nn.Module):
@@ -66,9 +67,12 @@ def wrap_targets(module: nn.Module, policy: WrapPolicy) -> list[nn.Module]:
     """The submodules ``policy`` makes FSDP units, children before parents (the order ``fully_shard`` needs).
 
     ``policy``: ``None`` (no units below the root), module classes (every instance), an int (a module whose
-    parameters not already in a unit below it number at least this many) or ``callable(module) -> bool``.
+    parameters not already in a unit below it number at least this many), ``callable(module) -> bool``, or
+    ``"auto"``: the blocks a Hugging Face model names in its ``_no_split_modules``, none for other modules.
     """
     policy = check_wrap_policy(policy)
+    if isinstance(policy, str):  # "auto"
+        policy = no_split_classes(module) or None
     if policy is None:
         return []
     targets: list[nn.Module] = []
@@ -99,7 +103,7 @@ def _selected(node: nn.Module, remaining: int, policy: WrapPolicy) -> bool:
 
 def check_wrap_policy(policy: Any) -> WrapPolicy:
     """Normalise ``auto_wrap_policy`` (a set of classes becomes a tuple) or raise saying what is accepted."""
-    if policy is None or (isinstance(policy, int) and not isinstance(policy, bool) and policy > 0):
+    if policy is None or (isinstance(policy, str) and policy == "auto") or (isinstance(policy, int) and not isinstance(policy, bool) and policy > 0):
         return policy
     if isinstance(policy, type) and issubclass(policy, nn.Module):
         return (policy,)
@@ -111,7 +115,8 @@ def check_wrap_policy(policy: Any) -> WrapPolicy:
         return policy
     raise ConfigurationError(
         f"auto_wrap_policy={policy!r} is not understood. Use a set of module classes (e.g. {{TransformerBlock}}), "
-        "a positive int (minimum parameters per unit), a function module -> bool, or None (the root only)."
+        "a positive int (minimum parameters per unit), a function module -> bool, 'auto' (a Hugging Face model's "
+        "_no_split_modules) or None (the root only)."
     )
 
 
@@ -119,9 +124,10 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
     """Fully sharded data parallel training with FSDP2 (``fully_shard``).
 
     Args:
-        auto_wrap_policy: which submodules become FSDP units (gathered one at a time): a set of module classes
-            (e.g. ``{TransformerBlock}``), a minimum parameter count, a function ``module -> bool``, or ``None``
-            (one unit for the whole module: simplest, but the whole model is gathered at once).
+        auto_wrap_policy: which submodules become FSDP units (gathered one at a time): ``"auto"`` (the default:
+            the blocks a Hugging Face model names in its ``_no_split_modules``; for other modules the root only), a
+            set of module classes (e.g. ``{TransformerBlock}``), a minimum parameter count, a function
+            ``module -> bool``, or ``None`` (one unit for the whole module: the whole model is gathered at once).
         cpu_offload: keep the sharded parameters, gradients and optimizer state in CPU memory (CUDA only); the
             optimizer step then runs on the CPU.
         reshard_after_forward: free gathered parameters after each unit's forward (``True``, ZeRO-3) or keep them
@@ -140,7 +146,7 @@ class FSDPStrategy(ShardedCheckpointIO, ParallelStrategy):
 
     def __init__(
         self,
-        auto_wrap_policy: WrapPolicy = None,
+        auto_wrap_policy: WrapPolicy = "auto",
         cpu_offload: bool = False,
         reshard_after_forward: bool = True,
         mixed_precision: Any = None,

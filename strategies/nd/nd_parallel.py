@@ -60,6 +60,11 @@ class NDParallelStrategy(FSDPStrategy):
             pipeline bubble (idle time ≈ (pp − 1) / (microbatches + pp − 1) of a step).
         pipeline_schedule: ``"1F1B"`` (default: one forward, one backward in the steady state; activations of at
             most ``pp`` micro-batches alive) or ``"GPipe"`` (all forwards, then all backwards).
+        tp_plan: with ``tp > 1``, the tensor-parallel plan the strategy applies when ``configure_model`` did not
+            apply one itself: ``"auto"`` (the default: the own plan of each Hugging Face model inside the module;
+            one without a plan is an error saying what to give; other modules are left as ``configure_model``
+            made them), a dict of module name or pattern to ``ParallelStyle`` (keys relative to the TrainModule,
+            as ``parallelize_module`` takes them), or ``None`` (never).
         **fsdp_kwargs: as for :class:`~trainer.strategies.data_parallel.fsdp.FSDPStrategy` (``auto_wrap_policy``,
             ``reshard_after_forward``, ``mixed_precision``, ``state_dict_type``, ``sync_module_states``, ``timeout``,
             ``process_group_backend``, ``cluster_environment``, ``precision``, ...).
@@ -78,9 +83,17 @@ class NDParallelStrategy(FSDPStrategy):
         pp: Size = 1,
         microbatches: Optional[int] = None,
         pipeline_schedule: str = "1F1B",
+        tp_plan: Any = "auto",
         **fsdp_kwargs: Any,
     ) -> None:
         super().__init__(**fsdp_kwargs)
+        if not (tp_plan is None or isinstance(tp_plan, dict) or (isinstance(tp_plan, str) and tp_plan == "auto")):
+            raise ConfigurationError(
+                f"tp_plan={tp_plan!r} is not understood. Use 'auto' (a Hugging Face model's own plan), a dict of "
+                "module name or pattern -> ParallelStyle (keys relative to your TrainModule), or None (configure_model "
+                "applies parallelize_module itself)."
+            )
+        self.tp_plan = tp_plan
         self._sizes: dict[str, Size] = dict(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp)
         self._check_sizes()
         schedule = {s.lower(): s for s in SCHEDULES}.get(str(pipeline_schedule).lower())
@@ -175,10 +188,15 @@ class NDParallelStrategy(FSDPStrategy):
 
         layout = self.layout
         module = self.precision.convert_module(module)
+        if layout.tp > 1:
+            self._apply_tp_plan(module)
         deferred = has_meta_tensors(module)
         if self.sync_module_states and self.world_size > 1:  # (built on meta: its real parts)
             _broadcast_plain(module, self.root_device)  # TP's DTensors were scattered from one rank already
         if layout.pp > 1:
+            from trainer.strategies.nd.hf_plan import refuse_pipelined_hf
+
+            refuse_pipelined_hf(module)
             if not getattr(module, "automatic_optimization", True):
                 raise ConfigurationError(
                     "Pipeline parallel runs forward and backward in its schedule: manual optimisation "
@@ -215,6 +233,26 @@ class NDParallelStrategy(FSDPStrategy):
         self.module, self.model, self._root, self._prepared = module, (root or module), root, module
         self._steps = {}
         return self.model
+
+    def _apply_tp_plan(self, module: nn.Module) -> None:
+        """``tp_plan`` on a module ``configure_model`` left without tensor-parallel layers (no ``DTensor`` yet)."""
+        if self.tp_plan is None or any(is_dtensor(p) for p in module.parameters()):
+            return
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from trainer.strategies.hf_models import hf_models
+        from trainer.strategies.nd.hf_plan import hf_tp_plan, retie, tied_slots
+        from trainer.strategies.nd.tp_plan import resolve_tp_plan
+
+        if isinstance(self.tp_plan, dict):
+            plans = [self.tp_plan]
+        else:
+            plans = [hf_tp_plan(model, name) for name, model in hf_models(module)]
+        ties = tied_slots(module)
+        for plan in plans:
+            resolve_tp_plan(module, plan)  # a key that matches nothing is an error, not parallelize_module's warning
+            parallelize_module(module, self._submesh("tp"), plan)
+        retie(ties)
 
     def _sync_replicas(self, module: nn.Module) -> None:
         """Make each tensor's local part equal across the data/tensor-parallel dims it is not sharded over."""

@@ -1,5 +1,6 @@
 """``activation_checkpointing=``: named block classes keep only their inputs for backward and recompute the
 rest (``torch.utils.checkpoint``, non-reentrant), trading one extra forward per block for their activations.
+``"auto"`` takes the blocks of a Hugging Face model from its ``_no_split_modules``.
 
 The checkpointed forward is installed on each block instance, in place: module structure, parameter names and
 checkpoints stay exactly as without it, and the same blocks work one process, under DDP and inside FSDP2 units
@@ -17,6 +18,7 @@ from typing import Any, Iterable, Union
 from torch import nn
 
 from trainer.strategies.errors import ConfigurationError
+from trainer.strategies.hf_models import no_split_classes
 
 BlockClasses = Union[None, str, type, Iterable[Union[str, type]]]
 
@@ -59,11 +61,20 @@ def _matches(module: nn.Module, classes: tuple[Any, ...]) -> bool:
 def apply_activation_checkpointing(module: nn.Module, block_classes: BlockClasses) -> list[nn.Module]:
     """Checkpoint every submodule of ``module`` whose class is named in ``block_classes``; returns those blocks.
 
+    ``"auto"`` names the blocks a Hugging Face model inside ``module`` lists in its ``_no_split_modules``.
     Idempotent. Raises when nothing matches (listing the classes present), or when ``module`` itself matches.
     """
     classes = check_block_classes(block_classes)
     if not classes:
         return []
+    if classes == ("auto",):
+        classes = no_split_classes(module)
+        if not classes:
+            raise ConfigurationError(
+                f"activation_checkpointing='auto' checkpoints the blocks a Hugging Face model names in its "
+                f"_no_split_modules, and {type(module).__name__} holds no such model. Name the block classes instead, "
+                "e.g. activation_checkpointing=['Block']."
+            )
     if _matches(module, classes):
         raise ConfigurationError(
             f"activation_checkpointing names {type(module).__name__}, the module being trained: checkpointing all of "

@@ -29,6 +29,20 @@ from torch.overrides import TorchFunctionMode
 from trainer.strategies.errors import ConfigurationError
 
 
+_ALLOCATE_ONLY: list[Any] = [None]
+
+
+@contextlib.contextmanager
+def allocate_only(mode: Any) -> Iterator[None]:
+    """Inside this block :func:`materialize` allocates the tensors under ``mode`` (a ``FakeTensorMode``) and leaves
+    them uninitialised: a dry run of the set-up (``trainer plan``) needs each rank's shapes, not its values."""
+    _ALLOCATE_ONLY[0], before = mode, _ALLOCATE_ONLY[0]
+    try:
+        yield
+    finally:
+        _ALLOCATE_ONLY[0] = before
+
+
 class SkipInit(TorchFunctionMode):
     """``torch.nn.init.*`` calls return their tensor untouched: modules are built with uninitialised memory."""
 
@@ -91,13 +105,21 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
     sharded tensor drawing the full tensor and keeping the local shard, so the weights do not depend on the layout.
     Tensors that were real before (built outside ``meta``, loaded) keep their values. Either way every element of
     every tensor must be written (:class:`~trainer.strategies.speed.init_coverage.WriteCoverage`), else the error
-    names the tensor: nothing trains on whatever memory held.
+    names the tensor: nothing trains on whatever memory held. Last, a submodule's ``_after_materialize`` callables
+    run (a load asked for while it was on ``meta``).
     """
     from trainer.strategies.speed.init_coverage import WriteCoverage
     from trainer.strategies.speed.init_recording import forget, origins_of, replay
 
     if not has_meta_tensors(module):
         return False
+    if _ALLOCATE_ONLY[0] is not None:  # shapes only: nothing is initialised, so nothing needs to be initialisable
+        ties = _tied_slots(module)
+        with _ALLOCATE_ONLY[0]:
+            module.to_empty(device=device)
+        _retie(ties)
+        forget(module)
+        return True
     origins = origins_of(module)
     named = _unique_named_tensors(module)
     meta_names = [name for name, tensor in named if _local(tensor).is_meta]
@@ -138,7 +160,17 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
                             sub.reset_parameters()
     forget(module)
     _refuse_unwritten(coverage, locals_, recorded, init_weights)
+    _run_after_materialize(module)
     return True
+
+
+def _run_after_materialize(module: nn.Module) -> None:
+    """What was asked of a submodule while it had no memory (``trainer.hf.load_pretrained`` on ``meta``: the
+    weights to load), now that each rank holds its shards; each runs once."""
+    for sub in module.modules():
+        hooks = sub.__dict__.pop("_after_materialize", None)
+        for hook in hooks or ():
+            hook()
 
 
 def _refuse_what_cannot_be_initialised(module: nn.Module, origins: dict, meta_names: list[str], recorded: list[str],

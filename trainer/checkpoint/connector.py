@@ -26,6 +26,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
+import torch
+
 
 from trainer.strategies.checkpoint import storage
 from trainer.strategies.checkpoint.checkpoint_io import CheckpointError, safe_load, verify_once
@@ -81,7 +83,8 @@ class CheckpointConnector:
             checkpoint["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
             checkpoint["precision"] = strategy.precision.state_dict()
             checkpoint["rng"] = capture_rng_state()
-            checkpoint["train_sampler"] = self.data_position.state_dict()
+            checkpoint["train_sampler"] = self.data_position.state_dict(self._from_every_rank,
+                                                                      progress.batch_in_epoch)
             if getattr(getattr(trainer, "_optimization", None), "window_has_loss", False):
                 checkpoint["accumulated_grads"] = self._accumulated_grads()
             checkpoint["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
@@ -149,6 +152,13 @@ class CheckpointConnector:
         path = self.trainer.strategy.broadcast(storage.join(self.checkpoint_folders()[0], "interrupted.ckpt"))
         self.save(path)
         return path
+
+    def _from_every_rank(self, value: Any) -> list[Any]:
+        """``value`` of every rank, in rank order (only a stateful loader's per-rank state: never per step)."""
+        strategy = self.trainer.strategy
+        if strategy.world_size == 1:
+            return [value]
+        return [strategy.broadcast(value, src=rank) for rank in range(strategy.world_size)]
 
     def _accumulated_grads(self) -> dict[str, Any]:
         """Gradients of an unfinished accumulation window: per rank (gathered) where they are not all-reduced yet;
@@ -366,7 +376,11 @@ class CheckpointConnector:
                 f"{len(trainer.optimizers)}."
             )
         for optimizer, state in zip(trainer.optimizers, states):
-            strategy.load_optimizer_state_dict(optimizer, state)
+            try:
+                strategy.load_optimizer_state_dict(optimizer, state)
+            except KeyError as err:
+                _refuse_other_optimizer(optimizer, {str(err)}, path)
+            _check_same_optimizer(optimizer, path)
         for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
             config.scheduler.load_state_dict(state)
         strategy.precision.load_state_dict(checkpoint.get("precision", {}))
@@ -412,9 +426,33 @@ class CheckpointConnector:
             trainer._optimization.window_has_loss = True
 
     def resume_point(self) -> None:
-        """The training loop is about to start: put back the RNG of the restored checkpoint (no-op otherwise)."""
+        """The training loop is about to start: a fault-tolerant strategy joins its replica groups (and may heal from
+        a peer, :meth:`load_from_peer`); then the RNG of the restored checkpoint is put back (no-op otherwise)."""
+        trainer = self.trainer
+        trainer.strategy.join_replicas(self.dump, self.load_from_peer, trainer.fit_loop.progress.global_step)
         if self._resume is not None and self._resume.get("rng") is not None:
             restore_rng_state(self._resume["rng"])
+
+    def load_from_peer(self, checkpoint: dict[str, Any]) -> None:
+        """Heal from a live replica group's in-memory checkpoint (what its :meth:`dump` gave): weights, callbacks,
+        datamodule, loop position, optimizers, schedulers, scaler; the data position and RNG are applied where the
+        training iterator starts, as on a resume. No file is read and no hook runs."""
+        trainer = self.trainer
+        strategy = trainer.strategy
+        self._load_module_state(checkpoint, "a peer replica group's state")
+        self._restore_datamodule(checkpoint)
+        saved_callbacks = checkpoint.get("callbacks", {})
+        for callback in trainer.callbacks:
+            state = callback_state(saved_callbacks, callback.state_key)
+            if state:
+                callback.load_state_dict(state)
+        self.restore_progress(checkpoint)
+        for optimizer, state in zip(trainer.optimizers, checkpoint.get("optimizer_states", [])):
+            strategy.load_optimizer_state_dict(optimizer, state)
+        for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
+            config.scheduler.load_state_dict(state)
+        strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+        self._resume = {"rng": checkpoint.get("rng"), "train_sampler": checkpoint.get("train_sampler")}
 
     def _load_module_state(self, checkpoint: dict[str, Any], path: Any) -> None:
         module = self.trainer.module
@@ -434,6 +472,15 @@ class CheckpointConnector:
     def train_iterator(self, loader: Any, epoch: int, start_batch: int) -> Iterator[Any]:
         """This epoch's training iterator, positioned after ``start_batch`` batches without loading them."""
         resume, self._resume = self._resume, None
+        position = self.data_position
+        position.sample_seeds = bool(getattr(self.trainer, "sample_seeds", True))
+        position.rank, position.world_size = self.trainer.strategy.global_rank, self.trainer.strategy.world_size
+        if resume is not None:
+            position.adopt(resume.get("train_sampler"))
+        if position.sample_seeds and position.run_seed is None:  # one run seed for every rank (unseeded ranks differ)
+            strategy = self.trainer.strategy
+            seed = torch.initial_seed()
+            position.run_seed = int(strategy.broadcast(seed) if strategy.world_size > 1 else seed)
         if not start_batch:
             return self.data_position.iterator(loader, epoch)
         if resume is None:  # the same Trainer continues an epoch it stopped (e.g. a second fit with more max_steps)
@@ -463,3 +510,25 @@ def callback_state(saved: dict[str, Any], state_key: str) -> Any:
             except (ValueError, SyntaxError):
                 continue
     return None
+
+
+def _check_same_optimizer(optimizer: Any, path: Any) -> None:
+    """After loading: every setting the optimizer steps with is there. Settings a newer torch added are filled in
+    by torch while loading; a missing one means the checkpoint was saved by another kind of optimizer (SGD -> Adam
+    after the checkpoint), and torch would fail inside ``step()`` with a bare ``KeyError: 'betas'``."""
+    needed = set(getattr(optimizer, "defaults", {}))
+    for group in optimizer.param_groups:
+        missing = needed - set(group)
+        if missing:
+            _refuse_other_optimizer(optimizer, missing, path)
+
+
+def _refuse_other_optimizer(optimizer: Any, missing: set[str], path: Any) -> None:
+    raise CheckpointError(
+        f"The optimizer state in '{path}' was saved by a different optimizer than the {type(optimizer).__name__} "
+        f"configure_optimizers returns now (the checkpoint lacks its settings {sorted(missing)}): the optimizer "
+        "changed since the checkpoint was saved (e.g. SGD -> Adam), so its state cannot be restored. Go back to the "
+        "optimizer the checkpoint was saved with, or start from the weights alone: "
+        "model = MyModule.load_from_checkpoint(path); trainer.fit(model) without ckpt_path (the new optimizer then "
+        "starts fresh)."
+    )

@@ -5,6 +5,11 @@
 asks SLURM for a warning signal before the time limit (``--signal=USR1@90``), ``--requeue`` and appended
 logs: the Trainer saves on that signal, requeues the job, and the requeued job resumes from the checkpoint.
 Arguments after ``--`` go to the training script.
+
+With ``--submit --plan train.py:make_module [--plan-args "--strategy nd_parallel --tp 8 ..."]`` the job is first
+planned at its size (``trainer plan`` with ``--nodes``/``--devices-per-node`` from here): a layout the plan shows
+cannot start (a tp that does not divide the heads, an empty pipeline stage, over the device's memory, ...) ends
+with status 2 and nothing is written or queued. ``--no-plan`` skips the plan.
 """
 from __future__ import annotations
 
@@ -58,6 +63,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="interpreter on the nodes (default: this one)")  # fmt: skip
     parser.add_argument("--output", "-o", metavar="FILE", help="where to write the script (default JOB_NAME.sbatch)")
     parser.add_argument("--submit", action="store_true", help="submit with sbatch and print the job id")
+    parser.add_argument("--plan", default=None, metavar="MODULE",
+                        help="with --submit: run `trainer plan MODULE` at the job's size first; refuse what it refuses")  # fmt: skip
+    parser.add_argument("--plan-args", default="", metavar="'FLAGS'",
+                        help="the plan's other flags, e.g. '--strategy nd_parallel --tp 8 --seq-len 4096 ...'")  # fmt: skip
+    parser.add_argument("--no-plan", action="store_true", help="submit without planning")
     parser.set_defaults(handler=main)
     return parser
 
@@ -156,8 +166,34 @@ def submit(path: Path) -> int:
     return int(result.stdout.strip().split(";")[0])
 
 
+def plan_before_submit(args: argparse.Namespace, nodes: int, devices: int) -> None:
+    """``trainer plan`` of ``--plan MODULE`` at ``nodes`` × ``devices``; a refusal becomes this command's error, saying
+    nothing was submitted. Without ``--plan``, a note on how to plan."""
+    if args.plan is None:
+        print("Not planned: pass --plan FILE.py:make_module (and --plan-args) to check the layout before it queues, "
+              "or --no-plan.", file=sys.stderr)  # fmt: skip
+        return
+    from trainer.cli import plan as plan_command
+
+    parser = argparse.ArgumentParser(prog="trainer slurm --plan-args")
+    plan_parser = plan_command.add_parser(parser.add_subparsers())
+    flags = shlex.split(args.plan_args)
+    for fixed in ("--nodes", "--devices-per-node", "--world-size"):
+        if fixed in flags:
+            raise ConfigurationError(f"--plan-args {args.plan_args!r}: {fixed} comes from this command's own "
+                                     "--nodes/--devices-per-node; leave it out.")  # fmt: skip
+    try:
+        plan_args = plan_parser.parse_args([args.plan, "--nodes", str(nodes), "--devices-per-node", str(devices), *flags])
+    except SystemExit as err:
+        raise ConfigurationError(f"--plan-args {args.plan_args!r} are not `trainer plan` flags (see trainer plan -h).") from err
+    try:
+        plan_command.main(plan_args)
+    except ConfigurationError as err:
+        raise ConfigurationError(f"the plan refuses this job, so nothing was submitted (--no-plan skips the plan): {err}") from None
+
+
 def main(args: argparse.Namespace) -> int:
-    """Write the script; with ``--submit`` submit it and print the job id."""
+    """Write the script; with ``--submit`` plan the job (``--plan``), submit it and print the job id."""
     if not Path(args.script).is_file():
         raise ConfigurationError(
             f"script '{args.script}' does not exist (resolved to '{Path(args.script).resolve()}')."
@@ -168,6 +204,8 @@ def main(args: argparse.Namespace) -> int:
     trainer_args: dict[str, Any] = {"accelerator": "cpu" if args.accelerator == "cpu" else "gpu"}
     trainer_args.update(args.trainer_args)
     check_trainer_values({**config.trainer, **args.trainer_args}, f"{args.config}: trainer." if args.config else "--trainer.")
+    if args.submit and not args.no_plan:
+        plan_before_submit(args, config.num_nodes, config.devices)
     job_name = args.job_name or Path(args.script).stem
     text = sbatch_script(args, job_name, config, job_variables(config, args.config, trainer_args))
     path = Path(args.output or f"{job_name}.sbatch")

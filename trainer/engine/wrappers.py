@@ -243,7 +243,8 @@ class EngineDataLoader:
     """
 
     def __init__(self, loader: Any, strategy: "Strategy", window: Optional[AccumulationWindow],
-                 state: Optional[LoaderState] = None, accelerate_numbers: bool = False) -> None:  # fmt: skip
+                 state: Optional[LoaderState] = None, accelerate_numbers: bool = False,
+                 sample_seeds: bool = True) -> None:  # fmt: skip
         self.loader = loader
         self._strategy = strategy
         self._window = window
@@ -257,7 +258,7 @@ class EngineDataLoader:
         self._shared_generator = shared if isinstance(shared, torch.Generator) else None
         self.epoch = 0
         self.batch_in_epoch = 0
-        self._position = TrainDataPosition()
+        self._position = TrainDataPosition(sample_seeds)
         self._resume: Optional[dict[str, Any]] = None
 
     @property
@@ -278,6 +279,10 @@ class EngineDataLoader:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[Any]:
+        return self._pass()
+
+    def _pass(self, skip: int = 0) -> Iterator[Any]:
+        """One epoch; ``skip``: entered that many batches in (``skip_first_batches``), nothing read for them."""
         resume, self._resume = self._resume, None
         if resume is not None and resume["epoch"] == self.epoch and resume["batch_in_epoch"] >= loader_length(self.loader):
             # Saved at the epoch's last batch, before the loop left it: finish that epoch's index draws (no batch is
@@ -299,8 +304,7 @@ class EngineDataLoader:
             iterator = self._position.iterator(self.loader, self.epoch, skip, resume["position"])
             restore_rng_state(resume["rng"])  # positioning replayed the sampler's draws; continue the saved stream
         else:
-            skip = 0
-            iterator = self._position.iterator(self.loader, self.epoch)
+            iterator = self._position.iterator(self.loader, self.epoch, skip)
         self.batch_in_epoch = skip
         return self._batches(iterator, skip)
 
@@ -338,13 +342,15 @@ class EngineDataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: epoch, batches yielded in it, and the random state its order came from."""
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "position": self._position.state_dict(),
+        position = self._position.state_dict(consumed=self.batch_in_epoch)
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "position": position,
                 "generators": [generator.get_state() for generator in loader_generators(self.loader)]}
 
     def load_state_dict(self, state: dict[str, Any], rng: dict[str, Any]) -> None:
         """Continue at ``state`` on the next ``iter()``; ``rng`` is put back once the position is reached."""
         self.epoch = state["epoch"]
         self.batch_in_epoch = state["batch_in_epoch"]
+        self._position.adopt(state.get("position"))  # the saved run's per-sample seeds
         self._resume = {**state, "rng": rng}
 
     def __getattr__(self, name: str) -> Any:
@@ -357,13 +363,16 @@ class EngineDataLoader:
 
 
 class _Skipped:
-    """A prepared dataloader whose passes start ``skip`` batches in (the skipped ones are read and dropped)."""
+    """A dataloader whose passes start ``skip`` batches in: a prepared one is entered at that batch (its sampler
+    positioned, nothing read for the skipped batches); any other iterable reads and drops them."""
 
     def __init__(self, loader: Any, skip: int) -> None:
         self.loader = loader
         self.skip = skip
 
     def __iter__(self) -> Iterator[Any]:
+        if isinstance(self.loader, EngineDataLoader):
+            return self.loader._pass(self.skip)
         return itertools.islice(iter(self.loader), self.skip, None)
 
     def __len__(self) -> int:

@@ -1,5 +1,6 @@
 """Ray Train on a real local Ray cluster: the same fit inside ``TorchTrainer``'s workers as under ``trainer run``,
-bitwise, and a worker group that Ray restarts after a failure resumes exactly from Ray's checkpoint.
+bitwise (DDP, FSDP; a Ray Dataset shard as training data), a worker group that Ray restarts after a failure
+resumes exactly from Ray's checkpoint, and ``trainer run --ray`` plans the job from the launch flags.
 
 One cluster (``ray.init(num_cpus=2)``) serves the module; each ``TorchTrainer.fit`` costs ~30 s here."""
 from __future__ import annotations

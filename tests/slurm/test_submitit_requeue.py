@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 from launching import SCRIPTS, STEPS, assert_same_weights, load_weights, reference

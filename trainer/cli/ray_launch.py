@@ -31,6 +31,9 @@ def main(args: argparse.Namespace, config: Any, variables: dict[str, str]) -> Op
         return None
     if args.module:
         raise ConfigurationError("--ray runs a script file; -m/--module is not supported with it.")
+    if getattr(args, "replica_groups", None):
+        raise ConfigurationError("--ray and --replica-groups are two ways to run the job: choose one (Ray restarts the "
+                                 "whole worker group; --replica-groups keeps the healthy groups training).")
     workers = config.devices * config.num_nodes
     if args.dry_run:
         print(json.dumps({"ray": args.ray, "num_workers": workers, "use_gpu": args.ray_gpu, "storage": args.ray_storage,

@@ -67,6 +67,7 @@ class RayEnvironment(ClusterEnvironment):
         return int(self._context.get_local_world_size())
 
     def validate(self, num_devices: int, num_nodes: int) -> None:
+        self._check_device()
         world, per_node = self.world_size(), self.local_world_size()
         if num_devices * num_nodes != world:
             nodes = max(world // max(per_node, 1), 1)
@@ -75,6 +76,21 @@ class RayEnvironment(ClusterEnvironment):
                 f"devices={num_devices} x num_nodes={num_nodes} = {num_devices * num_nodes}. Use "
                 f"Trainer(devices={per_node}, num_nodes={nodes}) (devices='auto' follows the workers per node), or "
                 "change ScalingConfig(num_workers=...)."
+            )
+
+    def _check_device(self) -> None:
+        """The Trainer puts local rank r on ``cuda:r``; refuse a worker to which Ray gave another GPU, rather than
+        train two ranks on one device or fail later in NCCL."""
+        from ray.train.torch import get_device
+
+        device = get_device()
+        device = device[0] if isinstance(device, (list, tuple)) else device
+        local_rank = self.local_rank()
+        if device.type == "cuda" and device.index is not None and device.index != local_rank:
+            raise ConfigurationError(
+                f"Ray gave this worker {device}, but the Trainer places local rank {local_rank} on cuda:{local_rank}. "
+                "Keep Ray's default GPU sharing among a node's workers (TorchConfig, ScalingConfig(use_gpu=True, "
+                "resources_per_worker={'GPU': 1})) so that each worker's GPU index is its local rank."
             )
 
     def __repr__(self) -> str:

@@ -18,7 +18,7 @@ from trainer.strategies.launch.environments import (
 )  # fmt: skip
 from trainer.strategies.launch.environments.local import find_free_port
 
-_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PET_", "SKYPILOT_", "TRAINER_")
+_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PET_", "SKYPILOT_", "TRAINER_", "KUBERNETES_")
 _NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
           "MASTER_PORT")  # fmt: skip
 
@@ -55,7 +55,8 @@ def assert_one_job_of_four(folder: Path) -> None:
 
 def test_pytorchjob_v1_pods_start_their_processes_and_number_ranks_pod_by_pod(tmp_path):
     port = str(find_free_port())
-    pods = [dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(pod)) for pod in (0, 1)]
+    pods = [dict(KUBERNETES_SERVICE_HOST="10.96.0.1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(pod))
+            for pod in (0, 1)]  # what Kubernetes and the operator put in each pod
     command = [sys.executable, str(SCRIPTS / "cluster_fit.py"), str(tmp_path), "--devices", "2", "--num-nodes", "2",
                "--strategy", "ddp", "--steps", "6"]  # fmt: skip
     start_pods(tmp_path, pods, command)
@@ -77,6 +78,9 @@ def test_trainjob_v2_pods_run_torchrun_from_pet_variables(tmp_path):
 def test_pod_variables_give_node_level_ranks_and_clear_errors(no_job_variables, monkeypatch):
     for key, value in dict(MASTER_ADDR="10.0.0.5", MASTER_PORT="23456", WORLD_SIZE="3", RANK="2").items():
         monkeypatch.setenv(key, value)
+    monkeypatch.delenv("KUBERNETES_PORT", raising=False)
+    assert not isinstance(detect_environment(), KubeflowEnvironment)  # a shell exporting them is not a pod
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # Kubernetes sets it in every pod
     env = detect_environment()
     assert isinstance(env, KubeflowEnvironment) and not env.creates_processes_externally
     shown = collect()["cluster"]  # `trainer env`

@@ -51,7 +51,12 @@ class KubeflowEnvironment(PerNodeEnvironment):
 
     @staticmethod
     def detect() -> bool:
-        """True in a pod of a Kubeflow job before any process of it was started (no ``LOCAL_RANK`` yet, not torchrun)."""
+        """True in a pod of a Kubeflow job before any process of it was started (no ``LOCAL_RANK`` yet, not torchrun).
+
+        Kubernetes gives every pod ``KUBERNETES_SERVICE_HOST``: without it, a shell that merely exports
+        ``MASTER_ADDR``/``WORLD_SIZE``/``RANK`` is not taken for a pod (Lightning checks ``KUBERNETES_PORT`` alike)."""
         if "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
+            return False
+        if "KUBERNETES_SERVICE_HOST" not in os.environ and "KUBERNETES_PORT" not in os.environ:
             return False
         return all(k in os.environ for k in _PET_VARIABLES) or all(k in os.environ for k in _POD_VARIABLES)

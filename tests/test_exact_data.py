@@ -296,3 +296,26 @@ class Recorded(Dataset):
     def __getitem__(self, index: int) -> int:
         self.read.append(index)
         return index
+
+
+class Opened(Dataset):
+    """Needs a handle its loader's worker_init_fn opens per worker (as with h5py files)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        return self.handle + index
+
+
+def open_handle(worker_id: int) -> None:
+    torch.utils.data.get_worker_info().dataset.handle = 100
+
+
+def test_a_worker_init_fn_that_sets_up_the_dataset_still_reaches_the_users_dataset() -> None:
+    from trainer.checkpoint.data_position import TrainDataPosition
+
+    loader = DataLoader(Opened(), batch_size=4, num_workers=2, worker_init_fn=open_handle)
+    batches = [batch.tolist() for batch in TrainDataPosition().iterator(loader, 0)]
+    assert batches == [[100, 101, 102, 103], [104, 105, 106, 107]]
+    assert type(loader.dataset) is Opened  # the user's loader is left as it was

@@ -95,6 +95,7 @@ def test_an_epoch_entered_at_its_position_continues_as_the_sampler_would(case: s
 
 
 # ------------------------------------------------------------------------------- killed and resumed, bitwise
+@pytest.mark.timeout(400)  # four fits with two workers each (about 30 s on an idle 2-core machine)
 def test_augmented_data_in_two_workers_resumes_bitwise_equal_also_with_one_worker(tmp_path: Path) -> None:
     fit(tmp_path / "reference")
     reference = steps(tmp_path / "reference")
@@ -123,7 +124,7 @@ def killed_at_two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_two_ranks_killed_mid_epoch_resume_bitwise_equal_with_one_worker_each(
     killed_at_two_ranks: Path, tmp_path: Path
 ) -> None:

@@ -7,11 +7,12 @@
 # ranks), s3 (fsspec, s3fs and moto's S3 server on 127.0.0.1 for the remote-checkpoint tests), hf (transformers)
 # and titan (torchtitan's Llama-3) for the deferred-initialisation tests against the real libraries; ray (a local
 # Ray cluster), submitit, ft (torchft and its lighthouse) and data (torchdata, datasets) for the cluster,
-# fault-tolerance and data-resume tests.
+# fault-tolerance and data-resume tests; peers (lightning, accelerate) for the tests that compare a
+# script's numbers on them with ours.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-EXTRAS ?= test,s3,deepspeed,hf,titan,ray,submitit,ft,data
+EXTRAS ?= test,s3,deepspeed,hf,titan,ray,submitit,ft,data,peers
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=

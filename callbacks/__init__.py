@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from trainer.callbacks.model_checkpoint import ModelCheckpoint  # noqa: F401
     from trainer.callbacks.model_summary import ModelSummary  # noqa: F401
     from trainer.callbacks.progress_bar import ProgressBar  # noqa: F401
+    from trainer.callbacks.replica_monitor import ReplicaMonitor  # noqa: F401
     from trainer.callbacks.rich_progress import RichProgressBar  # noqa: F401
     from trainer.callbacks.stochastic_weight_averaging import StochasticWeightAveraging  # noqa: F401
     from trainer.callbacks.throughput_monitor import ThroughputMonitor  # noqa: F401
@@ -55,6 +56,7 @@ _LAZY = {
     "ModelCheckpoint": "trainer.callbacks.model_checkpoint",
     "ModelSummary": "trainer.callbacks.model_summary",
     "ProgressBar": "trainer.callbacks.progress_bar",
+    "ReplicaMonitor": "trainer.callbacks.replica_monitor",
     "RichProgressBar": "trainer.callbacks.rich_progress",
     "StochasticWeightAveraging": "trainer.callbacks.stochastic_weight_averaging",
     "ThroughputMonitor": "trainer.callbacks.throughput_monitor",

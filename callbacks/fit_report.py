@@ -81,7 +81,7 @@ class FitReport(Callback):
             if train_time > 0:
                 rate = f"{steps / train_time:,.2f} optimizer steps/s (incl. validation)"
                 rows.append(("Throughput", rate))
-            rows.append(("Data wait", "not measured (add callbacks.ThroughputMonitor())"))
+            rows.append(("Data wait", "not measured (add trainer.callbacks.ThroughputMonitor())"))
         memory = []
         cuda = memory_stats.cuda_stats(trainer.strategy.root_device)
         if cuda:

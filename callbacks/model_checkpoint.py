@@ -29,6 +29,7 @@ from typing import Any, Optional, Union
 import torch
 
 from trainer.callbacks.callback import Callback
+from trainer.loggers.run_folder import planned_log_dir
 from trainer.strategies.checkpoint import storage
 from trainer.strategies.checkpoint.checkpoint_io import atomic_link
 from trainer.strategies.errors import ConfigurationError
@@ -98,8 +99,15 @@ class ModelCheckpoint(Callback):
         self.keep_last_n = keep_last_n
         self.asynchronous = bool(asynchronous)
         self._recent: list[str] = []  # the checkpoints saved for keep_last_n, oldest first
+        if dirpath is not None and not storage.is_remote(os.fspath(dirpath)) and os.path.isfile(dirpath):
+            raise ConfigurationError(
+                f"ModelCheckpoint(dirpath={os.fspath(dirpath)!r}) is an existing file, but dirpath is the folder the "
+                "checkpoints are saved in. Pass a folder (it is created when needed), and name the files with "
+                "filename=..."
+            )
         self.dirpath: Optional[str] = _folder(dirpath) if dirpath else None
         self._dirpath_given = dirpath is not None
+        self._dirpath_planned = False  # dirpath names a run folder not created yet; fixed before the first save
         self.filename = filename
         self.monitor = monitor
         self.verbose = verbose
@@ -148,13 +156,19 @@ class ModelCheckpoint(Callback):
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if not self._dirpath_given:
-            self.dirpath = _folder(storage.join(trainer.log_dir, "checkpoints"))
+            # As Lightning: name the logger's next run folder without creating it; nothing is made until a save.
+            planned = planned_log_dir(trainer.loggers[0]) if trainer.loggers else None
+            self._dirpath_planned = planned is not None
+            self.dirpath = _folder(storage.join(planned if planned is not None else trainer.log_dir, "checkpoints"))
         self.dirpath = trainer.strategy.broadcast(self.dirpath)  # the folder rank 0 writes to, on every rank
         if self.save_last == "link" and storage.is_remote(self.dirpath):  # Lightning's type and words
             raise ValueError(f"`ModelCheckpoint(save_last='link')` is only supported for local file paths, got "
                              f"`dirpath={self.dirpath}`: a URL's store has no links. Use save_last=True there.")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._dirpath_planned:  # the run folder is claimed by now (or here): its real version
+            self._dirpath_planned = False
+            self.dirpath = trainer.strategy.broadcast(_folder(storage.join(trainer.log_dir, "checkpoints")))
         self._last_time_checked = time.monotonic()
         self._validated = False
 
@@ -343,7 +357,8 @@ class ModelCheckpoint(Callback):
     def _write_last(self, trainer: Any, previous: str) -> None:
         path = self.last_model_path
         if self._just_saved:
-            if trainer.is_global_zero:
+            # A fault-tolerant job's groups share the folder; only the group that wrote the checkpoint links it.
+            if trainer.is_global_zero and getattr(trainer.strategy, "is_checkpoint_writer", True):
                 source, symbolic = self._just_saved, self.save_last == "link"
                 _after_commit(trainer, lambda: atomic_link(source, path, symbolic=symbolic))
             trainer.strategy.barrier("ModelCheckpoint.last")

@@ -6,6 +6,7 @@ import time
 from typing import Any, Optional
 
 from trainer.callbacks.progress_bar import ProgressBar
+from trainer.callbacks.bar_views import BarViews
 
 
 def _total(value: float) -> Optional[float]:
@@ -17,7 +18,7 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
 
 
-class RichProgressBar(ProgressBar):
+class RichProgressBar(BarViews, ProgressBar):
     """Progress of fit/validate/test/predict, drawn with rich. Added by default (``enable_progress_bar=True``).
 
     On a terminal: live bars (epochs, the current epoch's batches, validation) redrawn at most every
@@ -60,6 +61,8 @@ class RichProgressBar(ProgressBar):
         self._val_keys: set[str] = set()  # prog_bar keys validations have logged
         self._epoch_start = 0.0
         self._module: Any = None
+        self._opened: dict[str, tuple[str, Optional[float]]] = {}  # key -> (description, total), for BarViews
+        self._finished: dict[str, int] = {}  # batches of a bar that is no longer the running one
 
     # ------------------------------------------------------------------ display
     @property
@@ -78,9 +81,17 @@ class RichProgressBar(ProgressBar):
 
     def _open(self, key: str, description: str, total: Optional[float]) -> None:
         if self._enabled:
+            self._record_open(key, description, total)
             self._bar, self._done = key, 0
             self.display.open(key, description, total)
             self._next = time.monotonic() + self._interval
+
+    def _count(self, key: str) -> int:
+        if key == self._bar:
+            return self._done
+        if key == self._resume[0]:
+            return self._resume[1]
+        return self._finished.get(key, 0)
 
     def _show(self, trainer: Any, description: Optional[str] = None, metrics: Optional[str] = None) -> None:
         self._next = time.monotonic() + self._interval
@@ -195,6 +206,7 @@ class RichProgressBar(ProgressBar):
         self._val_keys.update(k for k, v in current.items() if k not in before or before[k] != v)
         metrics = {k: v for k, v in current.items() if k in self._val_keys}
         self.display.close("val", f"Validation  {self._done} batches  {format_metrics(metrics)}".rstrip())
+        self._finished["val"] = self._done
         self._bar, self._done = self._resume
         if trainer.state_stage != "fit":
             self._stop()

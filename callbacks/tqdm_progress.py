@@ -1,7 +1,8 @@
 """``TQDMProgressBar``: Lightning's default progress bar by name, drawn here with rich (tqdm is not a dependency).
 
 ``TQDMProgressBar(refresh_rate=20)`` runs: ``refresh_rate=0`` turns the bar off, as in Lightning; any other value
-gives our :class:`~trainer.callbacks.RichProgressBar`, which redraws by time rather than every N batches.
+gives our :class:`~trainer.callbacks.RichProgressBar`, which redraws by time rather than every N batches (its
+``train_progress_bar`` and the other bars read as tqdm bars do).
 """
 from __future__ import annotations
 

@@ -95,6 +95,17 @@ class RunFolder:
         return path
 
 
+def planned_log_dir(logger: Logger) -> Optional[str]:
+    """The folder ``logger`` will write to, without creating anything (its version, when not chosen yet, is the
+    next free number now); None for a logger without a run folder."""
+    folder = getattr(logger, "_folder", None)
+    if not isinstance(folder, RunFolder):
+        return None
+    if folder._version is None:
+        return storage.join(folder.root, f"version_{next_version(folder.root)}")
+    return folder.path
+
+
 def run_folders(loggers: list[Logger]) -> list[RunFolder]:
     """The :class:`RunFolder` of each logger that has one."""
     return [logger._folder for logger in loggers if isinstance(getattr(logger, "_folder", None), RunFolder)]

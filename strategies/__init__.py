@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers; at run time __getattr
     from trainer.strategies.data_parallel.dp import DataParallelStrategy  # noqa: F401
     from trainer.strategies.launch.environments import LocalEnvironment, SLURMEnvironment, TorchElasticEnvironment  # noqa: F401
     from trainer.strategies.data_parallel.fsdp import FSDPStrategy  # noqa: F401
+    from trainer.strategies.data_parallel.fault_tolerant import FaultTolerantStrategy  # noqa: F401
+    from trainer.strategies.data_parallel.fault_tolerant_hsdp import FaultTolerantHSDPStrategy  # noqa: F401
     from trainer.strategies.nd.model_parallel import ModelParallelStrategy  # noqa: F401
     from trainer.strategies.nd.nd_parallel import NDParallelStrategy  # noqa: F401
     from trainer.strategies.parallel import ParallelStrategy  # noqa: F401
@@ -42,6 +44,8 @@ _LAZY = {
     "DeepSpeedStrategy": "trainer.strategies.data_parallel.deepspeed",
     "DataParallelStrategy": "trainer.strategies.data_parallel.dp",
     "FSDPStrategy": "trainer.strategies.data_parallel.fsdp",
+    "FaultTolerantHSDPStrategy": "trainer.strategies.data_parallel.fault_tolerant_hsdp",
+    "FaultTolerantStrategy": "trainer.strategies.data_parallel.fault_tolerant",
     "LocalEnvironment": "trainer.strategies.launch.environments",
     "ModelParallelStrategy": "trainer.strategies.nd.model_parallel",
     "NDParallelStrategy": "trainer.strategies.nd.nd_parallel",

@@ -15,6 +15,15 @@ def _mps_available() -> bool:
     return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
 
 
+def refuse_no_devices(accelerator: Any, devices: Any) -> None:
+    """``devices=0``, ``"0"`` or ``[]``: refused before the accelerator is looked for, as Lightning does."""
+    if isinstance(devices, bool) or not (devices in (0, "0") or (isinstance(devices, (list, tuple)) and not devices)):
+        return
+    name = type(accelerator).__qualname__ if isinstance(accelerator, Accelerator) else accelerator
+    raise ConfigurationError(f"`Trainer(devices={devices!r})` value is not a valid input using {name} accelerator: "
+                             f"no device would run: devices={devices!r} must be at least 1 (or -1 for all, or 'auto').")  # fmt: skip
+
+
 def resolve_accelerator(accelerator: Any) -> str:
     """Return ``"cpu"``, ``"cuda"`` or ``"mps"`` for an ``accelerator=`` argument (a name, or an
     :class:`Accelerator` object as Lightning takes: ``CPUAccelerator()``), or raise a clear error."""
@@ -22,7 +31,8 @@ def resolve_accelerator(accelerator: Any) -> str:
         accelerator = accelerator.name
     if not isinstance(accelerator, str) or accelerator.lower() not in ACCELERATORS:
         raise ConfigurationError(
-            f"accelerator={accelerator!r} is not known. Valid values: {', '.join(repr(a) for a in ACCELERATORS)}."
+            f"You selected an invalid accelerator name: `accelerator={accelerator!r}`. accelerator={accelerator!r} is "
+            f"not known. Valid values: {', '.join(repr(a) for a in ACCELERATORS)}."
         )
     name = accelerator.lower()
     if name == "auto":
@@ -83,7 +93,8 @@ def parse_devices(kind: str, devices: Any, processes_per_node: Optional[int] = N
         if devices == -1:
             devices = available if kind != "cpu" else 1
         if devices < 1:
-            raise ConfigurationError(f"devices={devices} must be at least 1 (or -1 for all, or 'auto').")
+            raise ConfigurationError(f"`Trainer(devices={devices!r})` value is not a valid input using {kind} "
+                                     f"accelerator: devices={devices} must be at least 1 (or -1 for all, or 'auto').")  # fmt: skip
         if kind != "cpu" and devices > available:
             raise ConfigurationError(
                 f"devices={devices} {kind.upper()} devices were requested but {available} "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.strategies.accelerators import parse_devices, resolve_accelerator
+from trainer.strategies.accelerators import parse_devices, refuse_no_devices, resolve_accelerator
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.precision import precision_plugin
 from trainer.strategies.registry import create_strategy
@@ -23,12 +23,16 @@ def build_strategy(
 
     ``cluster_environment`` (a ``ClusterEnvironment``) replaces detection, for strategies that take one."""
     plugin = precision_plugin(precision)
+    refuse_no_devices(accelerator, devices)
     kind = resolve_accelerator(accelerator)
     from trainer.strategies.launch.environments import detect_environment  # on use: keeps `import trainer` light
 
     job = cluster_environment if cluster_environment is not None else detect_environment()  # torchrun/SLURM/...
     launched = job is not None and job.world_size() > 1
-    device_list = parse_devices(kind, devices, job.local_world_size() if launched else None)
+    # "auto" = one device per process already started here; a scheduler that lets the Trainer start them (a
+    # Kubeflow pod, a SkyPilot node) leaves it to the devices found
+    started = launched and job.creates_processes_externally
+    device_list = parse_devices(kind, devices, job.local_world_size() if started else None)
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ConfigurationError(f"num_nodes={num_nodes!r} must be a positive integer.")
     if isinstance(strategy, Strategy):

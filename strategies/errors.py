@@ -16,6 +16,11 @@ class AutomaticOptimizationError(ConfigurationError, RuntimeError):
     and tests keep catching it."""
 
 
+class StepSignatureError(ConfigurationError, RuntimeError):
+    """A ``*_step`` whose signature does not fit the dataloaders (a required ``dataloader_idx`` with one loader): a
+    ``ConfigurationError`` that is also the ``RuntimeError`` Lightning raises there."""
+
+
 class RankFailedError(RuntimeError):
     """Another process of a multi-process job failed, so this one stopped too.
 

@@ -19,6 +19,9 @@ _REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "model_parallel": ("trainer.strategies.nd.model_parallel", "ModelParallelStrategy", {}, ""),
     "nd_parallel": ("trainer.strategies.nd.nd_parallel", "NDParallelStrategy", {}, ""),
     "deepspeed": ("trainer.strategies.data_parallel.deepspeed", "DeepSpeedStrategy", {}, "deepspeed"),
+    "ft_ddp": ("trainer.strategies.data_parallel.fault_tolerant", "FaultTolerantStrategy", {}, "torchft-nightly"),
+    "ft_hsdp": ("trainer.strategies.data_parallel.fault_tolerant_hsdp", "FaultTolerantHSDPStrategy", {},
+                "torchft-nightly"),
     # Lightning's spellings of common set-ups
     "ddp_fork": ("trainer.strategies.data_parallel.ddp", "DDPStrategy", {"start_method": "fork"}, ""),
     "ddp_notebook": ("trainer.strategies.data_parallel.ddp", "DDPStrategy", {"start_method": "fork"}, ""),

@@ -310,6 +310,11 @@ class Strategy:
         """Agree on a flag: ``all=True`` → every rank must say True; ``False`` → any rank suffices."""
         return decision
 
+    def join_replicas(self, state: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None],
+                      global_step: int) -> None:  # fmt: skip
+        """Training is about to start at ``global_step``: a fault-tolerant strategy joins its replica groups here and
+        may ``load`` a live peer's training state (its ``state()``, the in-memory checkpoint). Nothing here."""
+
     def after_first_step(self) -> None:
         """Training has taken its first optimizer step (multi-process strategies shorten their timeout here)."""
 

@@ -30,7 +30,7 @@ from trainer import ConfigurationError, Trainer
         ({"gradient_clip_algorithm": "l2"}, r"gradient_clip_algorithm='l2'.*'norm' or 'value'"),
         ({"log_every_n_steps": 0}, r"log_every_n_steps=0"),
         ({"num_sanity_val_steps": -2}, r"num_sanity_val_steps=-2"),
-        ({"callbacks": [object()]}, r"not a callbacks.Callback"),
+        ({"callbacks": [object()]}, r"not a trainer\.Callback"),
         ({"logger": "tensorboard"}, r"is not a Logger"),
         ({"devices": 0}, r"devices=0 must be at least 1"),
         ({"devices": "many"}, r"devices='many' is not understood"),

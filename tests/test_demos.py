@@ -68,3 +68,36 @@ def test_manual_and_demo_models_and_the_data_modules():
     iterable = IterableBoringDataModule()
     iterable.setup("fit")
     assert len(iterable.train_dataloader()) == 2
+
+
+def test_transformer_learns_wikitext2_from_a_local_text_file(tmp_path):
+    """Fabric's language-model example after the rename: ``from trainer.demos import Transformer, WikiText2``."""
+    import pytest
+    from torch.nn import functional as F
+
+    from trainer.demos import Transformer, WikiText2
+    from trainer.fabric import Fabric
+
+    with pytest.raises(ValueError, match="downloads nothing"):
+        WikiText2(tmp_path)
+    (tmp_path / "wikitext-2.txt").write_text("the cat sat on the mat\nthe dog sat on the log\n" * 20)
+    data = WikiText2(tmp_path, block_size=6)
+    assert data.vocab_size == 8 and len(data) == len(data.data) // 6 - 1  # 7 words and <eos>
+    inputs, target = data[1]
+    assert torch.equal(inputs[1:], target[:-1])
+    fabric = Fabric(accelerator="cpu", devices=1)
+    fabric.seed_everything(0)
+    net = Transformer(vocab_size=data.vocab_size, ninp=16, nhead=2, nhid=16, nlayers=1, dropout=0.0)
+    model, optimizer = fabric.setup(net, torch.optim.Adam(net.parameters(), lr=1e-2))
+    loader = fabric.setup_dataloaders(torch.utils.data.DataLoader(data, batch_size=4, shuffle=True))
+    losses = []
+    for _ in range(3):
+        for inputs, target in loader:
+            output = model(inputs, target)
+            assert output.shape == (inputs.numel(), data.vocab_size)
+            loss = F.nll_loss(output, target.view(-1))
+            fabric.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+    assert losses[-1] < losses[0] / 2

@@ -146,14 +146,14 @@ def loaded(job, reports, exported) -> dict:
     """Each exported folder loaded by transformers alone, in a fresh process that cannot import this framework."""
     _, out = job
     env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
-    folders = ["llama_fsdp", "gpt2_fsdp", "llama_tp2", "gpt2_fsdp_exported", "llama_tp2_exported"]
+    folders = ["llama_fsdp", "gpt2_fsdp", "gpt2_ddp", "llama_tp2", "gpt2_fsdp_exported", "llama_tp2_exported"]
     done = subprocess.run([sys.executable, "-c", FROM_PRETRAINED, str(out), *folders], cwd=out, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(out / "from_pretrained.pt", weights_only=False)
 
 
-@pytest.mark.parametrize("layout", ["llama_fsdp", "gpt2_fsdp", "llama_tp2"])
+@pytest.mark.parametrize("layout", ["llama_fsdp", "gpt2_fsdp", "gpt2_ddp", "llama_tp2"])
 def test_from_pretrained_in_a_fresh_process_gives_the_trained_models_logits(reports, loaded, layout):
     assert torch.allclose(loaded[layout]["logits"], reports[0][f"{layout}_logits"], atol=1e-6, rtol=0)
     assert loaded[layout]["dtype"] == torch.float32
@@ -212,9 +212,13 @@ def test_one_process_export_in_bf16_loads_as_bf16_with_the_same_weights(tmp_path
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
     assert again.dtype == torch.bfloat16 and json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
     assert torch.equal(again.model.embed_tokens.weight, model.model.embed_tokens.weight.to(torch.bfloat16))
+    assert model.config.dtype in (None, torch.float32)  # the trained model's own config is left as it was
     fresh = AutoModelForCausalLM.from_config(hf_job.hf_config("llama"))
     load_pretrained(fresh, tmp_path / "bf16")  # into a float32 model: the bf16 values, widened
     assert torch.equal(fresh.model.embed_tokens.weight, again.model.embed_tokens.weight.float())
+    model.save_pretrained(tmp_path / "theirs")  # transformers' own folder: one model.safetensors, no index
+    load_pretrained(fresh, tmp_path / "theirs")
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
 
 
 def test_misuse_says_what_was_wrong(tmp_path):
@@ -239,3 +243,55 @@ def test_misuse_says_what_was_wrong(tmp_path):
         on_meta = AutoModelForCausalLM.from_config(hf_job.hf_config("gpt2"))
     with pytest.raises(ConfigurationError, match="still on the meta device"):
         save_pretrained(on_meta, tmp_path / "meta")
+
+
+def test_a_transformers_model_under_pipeline_parallel_is_refused_saying_what_works():
+    from transformers import AutoModelForCausalLM
+
+    from trainer.strategies.errors import ConfigurationError
+    from trainer.strategies.nd.hf_plan import refuse_pipelined_hf
+
+    holder = torch.nn.Module()
+    holder.model = AutoModelForCausalLM.from_config(hf_job.hf_config("llama"))
+    with pytest.raises(ConfigurationError, match="LlamaForCausalLM's forward .* cannot run as a stage.*dp_shard x tp"):
+        refuse_pipelined_hf(holder)
+    refuse_pipelined_hf(torch.nn.Linear(2, 2))  # other modules: pipeline parallel decides
+
+
+def test_the_hf_plan_strings_map_to_torch_styles_and_an_unknown_one_is_named():
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from transformers import AutoModelForCausalLM
+
+    from trainer.strategies.errors import ConfigurationError
+    from trainer.strategies.nd.hf_plan import hf_tp_plan
+
+    model = AutoModelForCausalLM.from_config(hf_job.hf_config("llama"))
+    plan = hf_tp_plan(model, "model")
+    assert isinstance(plan["model.model.layers.*.self_attn.q_proj"], ColwiseParallel)
+    assert isinstance(plan["model.model.layers.*.self_attn.o_proj"], RowwiseParallel)
+    head = plan["model.lm_head"]  # the head gives whole logits: the user's loss is as on one device
+    assert isinstance(head, ColwiseParallel) and head.output_layouts == (Replicate(),)
+    model._tp_plan = {"lm_head": "packed_colwise"}
+    with pytest.raises(ConfigurationError, match=r"styles \['packed_colwise'\]"):
+        hf_tp_plan(model)
+
+
+def test_hf_checkpoint_writes_every_n_epochs_and_at_the_end(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainer import Trainer
+    from trainer.callbacks import HFCheckpoint
+    from trainer.strategies.errors import ConfigurationError
+
+    callback = HFCheckpoint(tmp_path / "hf", every_n_epochs=1, dtype="bf16")
+    module = hf_job.CausalLM("gpt2")
+    Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_train_batches=2, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False, callbacks=[callback]).fit(
+        module, torch.utils.data.DataLoader(hf_job.dataset(), batch_size=4))  # fmt: skip
+    assert callback.saved == [tmp_path / "hf" / "epoch=0", tmp_path / "hf" / "epoch=1", tmp_path / "hf"]
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert final.dtype == torch.bfloat16
+    assert torch.equal(final.transformer.wte.weight, module.model.transformer.wte.weight.to(torch.bfloat16))
+    with pytest.raises(ConfigurationError, match="every_n_epochs=0"):
+        HFCheckpoint(tmp_path, every_n_epochs=0)

@@ -109,7 +109,7 @@ def test_the_wheel_installs_only_the_trainer_package_under_our_own_distribution_
     assert wheel.name.startswith("trainwright-")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
-    assert tops == {"trainer"}, tops
+    assert tops == {"trainer", "trainwright"}, tops  # trainwright: the alias for projects with their own trainer.py
     for sibling in SIBLINGS:
         assert f"trainer/{sibling}/__init__.py" in names
     assert "trainer/strategies/launch/environments/__init__.py" in names  # nested packages come along
@@ -118,12 +118,49 @@ def test_the_wheel_installs_only_the_trainer_package_under_our_own_distribution_
 
 def test_import_trainer_loads_no_heavy_optional_module():
     """``import trainer`` stays cheap (benchmarks/import_time.py's target): Dynamo, inductor, DTensor, tensorboard and
-    the other heavy parts load when a run uses them, never at import (a decorator applied at import time did)."""
+    the other heavy parts load when a run uses them, never at import (a decorator applied at import time did); so do
+    the cluster libraries (Ray, submitit, Kubernetes' client, YAML for ``trainer k8s``)."""
     code = (
         "import sys, torch\nbefore = set(sys.modules)\nimport trainer\n"
-        "heavy = ['torch._dynamo', 'torch._inductor', 'torch.distributed.tensor', 'tensorboard', 'torchmetrics', 'rich']\n"
+        "heavy = ['torch._dynamo', 'torch._inductor', 'torch.distributed.tensor', 'tensorboard', 'torchmetrics', 'rich',\n"
+        "         'ray', 'submitit', 'kubernetes', 'yaml']\n"
         "print([m for m in heavy if m in sys.modules and m not in before])\n"
     )
     result = _run(code, ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_a_project_with_its_own_trainer_py_imports_the_framework_as_trainwright(tmp_path):
+    """Fabric's "build your own trainer" example: the user's trainer.py imports the framework; the script imports
+    the user's trainer.py. ``trainwright`` is the framework (the same modules), ``trainer`` stays the user's."""
+    (tmp_path / "trainer.py").write_text(
+        "from trainwright.fabric import Fabric\n\n"
+        "class MyCustomTrainer:\n"
+        "    def __init__(self):\n"
+        "        self.fabric = Fabric(accelerator='cpu', devices=1)\n"
+    )
+    code = (
+        "import sys\n"
+        "from trainer import MyCustomTrainer\n"
+        "import trainer, trainwright\n"
+        "from trainwright.callbacks import ModelCheckpoint\n"
+        "from trainwright import Trainer\n"
+        "from trainwright.demos import BoringModel\n"
+        "assert trainer.__file__.endswith('trainer.py') and hasattr(trainer, 'MyCustomTrainer')\n"
+        "assert type(MyCustomTrainer().fabric).__module__ == 'trainer.fabric.fabric'\n"
+        "assert sys.modules['trainwright.fabric'] is sys.modules['trainer.fabric'] and trainwright.Trainer is Trainer\n"
+        "Trainer(accelerator='cpu', max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,\n"
+        "        enable_model_summary=False).fit(BoringModel())\n"
+        "print('ok')\n"
+    )
+    result = _run(code, tmp_path)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr
+
+
+def test_trainwright_is_the_trainer_package_itself():
+    code = ("import trainwright, trainer\nfrom trainwright.fabric import Fabric\nimport trainer.fabric\n"
+            "assert trainwright is trainer and Fabric is trainer.fabric.Fabric\n"
+            "assert trainer.fabric.__spec__.name == 'trainer.fabric'\nprint('ok')\n")  # fmt: skip
+    result = _run(code, ROOT)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

@@ -45,7 +45,7 @@ def test_config_never_replaces_an_existing_file_unless_forced(tmp_path, capsys):
 
 def test_launching_page_lists_every_command():
     page = (ROOT / "docs" / "launching.md").read_text()
-    words = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+    words = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
     assert f"has {words[len(COMMANDS)]} commands" in page
     for command in COMMANDS:
         assert f"| `trainer {command.replace('_', '-')}" in page, command

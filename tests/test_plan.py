@@ -37,13 +37,15 @@ def real_run(tmp_path: Path, world: int, specs: list[str]) -> Path:
     return out
 
 
-def assert_plan_matches(out: Path, name: str, world: int, peak_checked: bool = True, steps: bool = True) -> None:
+def assert_plan_matches(out: Path, name: str, world: int, peak_checked: bool = True, steps: bool = True,
+                        both_ends: bool = False) -> None:
+    """The plan of job ``name`` (its roles' first ranks, and last with ``both_ends``) against the real ranks'."""
     from trainer.plan.hardware import load_profile
     from trainer.plan.planner import plan_job
 
-    plan = plan_job(plan_lm.job(name, world), load_profile("h100"))
+    plan = plan_job(plan_lm.job(name, world), load_profile("h100"), both_ends=both_ends)
     planned_ranks = [result for role in plan.roles for result in role.results]
-    assert {r.rank for r in planned_ranks} >= {0, world - 1}  # the first and last rank of each role
+    assert 0 in {r.rank for r in planned_ranks} and (not both_ends or world - 1 in {r.rank for r in planned_ranks})
     for result in planned_ranks:
         real = json.loads((out / f"{name}-rank{result.rank}.json").read_text())
         where = f"{name} at {world} ranks, rank {result.rank}"
@@ -59,7 +61,7 @@ def assert_plan_matches(out: Path, name: str, world: int, peak_checked: bool = T
 @pytest.mark.timeout(REAL_TIMEOUT_S + 120)
 def test_plan_equals_a_real_two_rank_run(tmp_path):
     out = real_run(tmp_path, 2, ["fsdp", "zero2", "nd_tp"])
-    assert_plan_matches(out, "fsdp", 2)
+    assert_plan_matches(out, "fsdp", 2, both_ends=True)
     assert_plan_matches(out, "zero2", 2)
     # tp=2 alone (no FSDP): bytes and collectives exact; the plain MemTracker's peak of AdamW's step on fake
     # DTensors reads 12% above the real one, so the peak is checked where FSDPMemTracker measures (below).
@@ -68,11 +70,13 @@ def test_plan_equals_a_real_two_rank_run(tmp_path):
 
 @pytest.mark.timeout(REAL_TIMEOUT_S + 120)
 def test_plan_equals_a_real_four_rank_run(tmp_path):
-    out = real_run(tmp_path, 4, ["nd_tp", "pp"])
-    assert_plan_matches(out, "nd_tp", 4)  # dp_shard=2 × tp=2
+    out = real_run(tmp_path, 4, ["nd_tp", "pp", "fsdp", "zero2"])
+    assert_plan_matches(out, "nd_tp", 4, both_ends=True)  # dp_shard=2 × tp=2
+    assert_plan_matches(out, "fsdp", 4)
+    assert_plan_matches(out, "zero2", 4)
     # dp_shard=2 × pp=2: each stage's cut and shards, held bytes exact; the schedule's step is not planned (a fake
     # process group cannot carry activations between stages), so its collectives and peak are not compared.
-    assert_plan_matches(out, "pp", 4, steps=False)
+    assert_plan_matches(out, "pp", 4, steps=False, both_ends=True)
 
 
 def plan_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -145,3 +149,24 @@ def test_slurm_submit_plans_first_and_refuses_without_writing_or_submitting(caps
     err = capsys.readouterr().err
     assert status == 2 and "the plan refuses this job, so nothing was submitted" in err, err
     assert not list(tmp_path.glob("*.sbatch"))
+
+
+def test_a_transformers_model_is_refused_by_its_config_heads(capsys, tmp_path):
+    pytest.importorskip("transformers", reason="the Hugging Face check needs transformers (pip install .[hf])")
+    from trainer.cli import main
+
+    source = tmp_path / "hf.py"
+    source.write_text(
+        "import torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n\n"
+        "def make_model():\n"
+        "    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,\n"
+        "                         num_attention_heads=4, num_key_value_heads=2)\n"
+        "    model = LlamaForCausalLM(config)\n"
+        "    model.example_input_array = torch.zeros(2, 16, dtype=torch.long)\n"
+        "    return model\n"
+    )
+    status = main(["plan", f"{source}:make_model", "--world-size", "3", "--strategy", "nd_parallel", "--tp", "3",
+                   "--tp-plan", "megatron"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and "--tp 3 does not divide the 4 attention heads (num_attention_heads)" in err, err

@@ -33,8 +33,10 @@ from trainer.checkpoint import auto_resume
 from trainer.checkpoint.data_position import set_sampler_epoch
 from trainer.data.combined_loader import CombinedLoader
 from trainer.faults import slurm_requeue
+from trainer import integrations
 from trainer.config.arguments import (barebones_defaults, build_callbacks, build_loggers, check_benchmark,
-                                      check_init_setting, checkpoints_last, resolve_max_epochs, validate_arguments, with_max_time)
+                                      check_ckpt_path, check_init_setting, checkpoints_last, resolve_max_epochs,
+                                      validate_arguments, with_max_time)  # fmt: skip
 from trainer.checkpoint.connector import CheckpointConnector
 from trainer.module.datamodule import DataModule
 from trainer.data.distributed import balance_training_batches
@@ -203,6 +205,7 @@ class Trainer:
         self._checkpoint = CheckpointConnector(self)
         self._faults = FaultMonitor(self, stop_signals, on_nonfinite_loss)
         slurm_requeue.connect(self)
+        integrations.connect(self)  # Ray Train's report and resume, when this is a Ray Train worker
         self.ckpt_path: Optional[str] = None  # the checkpoint the last fit/validate/test restored
         self._optimizers: list[torch.optim.Optimizer] = []
         #: What ``module.optimizers()`` returns: the optimizers wrapped to step through the strategy.
@@ -235,6 +238,11 @@ class Trainer:
             callbacks, self.enable_checkpointing, self.enable_progress_bar, self.enable_model_summary
         )
         self.callbacks = with_max_time(self.callbacks, max_time, self.enable_checkpointing)
+        if getattr(self.strategy, "replica_metrics", None) is not None:  # ft_ddp / ft_hsdp: log ft/replicas & co.
+            from trainer.callbacks.replica_monitor import ReplicaMonitor
+
+            if not any(isinstance(cb, ReplicaMonitor) for cb in self.callbacks):
+                self.callbacks.append(ReplicaMonitor())
 
     @classmethod
     def from_config(cls, config: Union[str, os.PathLike, dict[str, Any], None] = None, **defaults: Any) -> "Trainer":
@@ -264,6 +272,7 @@ class Trainer:
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise ConfigurationError("fit(): pass either dataloaders or a datamodule, not both.")
         self._check_module(model, "fit")
+        check_ckpt_path(ckpt_path, "fit")
         from trainer.callbacks.timer import Timer
 
         self.max_epochs = resolve_max_epochs(self.max_epochs, self.max_steps,
@@ -303,7 +312,7 @@ class Trainer:
         """Run ``predict_step`` over the data; returns the outputs (one list per dataloader if several)."""
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
-        ckpt_path = self._ckpt_path_without_model("predict", model, ckpt_path)
+        ckpt_path = self._ckpt_path_without_model("predict", model, check_ckpt_path(ckpt_path, "predict"))
         model = self._model_or_fitted(model, "predict")
         return self._launch(self._predict_impl, model, dataloaders, datamodule, return_predictions, ckpt_path)
 
@@ -388,7 +397,7 @@ class Trainer:
                   datamodule: Optional[DataModule], verbose: bool) -> list[dict[str, float]]:  # fmt: skip
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
-        ckpt_path = self._ckpt_path_without_model(stage, model, ckpt_path)
+        ckpt_path = self._ckpt_path_without_model(stage, model, check_ckpt_path(ckpt_path, stage))
         model = self._model_or_fitted(model, stage)
         step = "validation_step" if stage == "validate" else "test_step"
         if not overrides(model, TrainModule, step):

@@ -27,12 +27,14 @@ from report import build_rows, write_report  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
-DEFAULT_MIRROR = Path("/work/.mirror/Lightning-AI+pytorch-lightning/repo")
+LIGHTNING_URL = "https://github.com/Lightning-AI/pytorch-lightning.git"
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repo", type=Path, default=DEFAULT_MIRROR, help="Lightning git checkout or bare mirror")
+    p.add_argument("--repo", type=Path, default=None,
+                   help="a Lightning git checkout or bare mirror holding the tag (default: a shallow clone of the tag "
+                        f"from {LIGHTNING_URL} into <work>/../lightning-<tag>-src, made once)")  # fmt: skip
     p.add_argument("--tag", default="2.6.5", help="Lightning tag whose tests run (default 2.6.5)")
     p.add_argument("--framework", type=Path, default=REPO_ROOT, help="framework checkout to test (default: this repo)")
     p.add_argument("--work", type=Path, default=None, help="work folder (default /tmp/lt/<tag>)")
@@ -48,6 +50,22 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="files run at once per side")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from existing XML")
     return p.parse_args(argv)
+
+
+def lightning_repo(repo: Path | None, tag: str, work: Path) -> Path:
+    """The Lightning checkout the tests are read from: ``--repo`` as given, else a shallow clone of ``tag`` (made
+    once, beside the work folder)."""
+    if repo is not None:
+        if not ((repo / ".git").exists() or (repo / "HEAD").is_file()):
+            raise SystemExit(f"--repo {repo}: not a git checkout or bare mirror (no .git, no HEAD). Pass a Lightning "
+                             f"checkout that has the tag {tag}, or leave --repo out to clone it from {LIGHTNING_URL}.")  # fmt: skip
+        return repo
+    clone = work.parent / f"lightning-{tag}-src"
+    if not (clone / ".git").exists():
+        print(f"cloning Lightning {tag} from {LIGHTNING_URL} into {clone} (pass --repo to use a checkout of yours)")
+        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", tag, LIGHTNING_URL, str(clone)],
+                       check=True)  # fmt: skip
+    return clone
 
 
 def _git_head(path: Path) -> str:
@@ -67,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"not measured files: {unknown}; choose from {list(HALVES)}")
     doc = args.framework / "docs" / "migrating_from_lightning.md"
     chosen = [] if args.report_only else ["lightning", "ours"] if args.side == "both" else [args.side]
+    needs_sources = bool(chosen) or not (work / "lightning").is_dir()
+    args.repo = lightning_repo(args.repo, args.tag, work) if needs_sources else args.repo
     lightning_tree, ours_tree, rules = build_trees(args.repo, args.tag, work, doc, tuple(chosen))
     sides = {
         "lightning": Side("lightning", args.python_lightning, lightning_tree, ()),

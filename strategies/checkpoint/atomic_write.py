@@ -81,12 +81,23 @@ def writer_alive(pid: int) -> bool:
     return True
 
 
+_writes_in_progress = 0  # atomic writes running in this process (any thread); read by the Ctrl-C handler
+
+
+def writing_checkpoint() -> bool:
+    """Whether this process is writing a file through :func:`atomic_writer` right now (a second Ctrl-C then stops
+    at once instead of raising inside the writer)."""
+    return _writes_in_progress > 0
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary stream whose content replaces ``path`` whole once the block ends without an error.
 
     A write that fails (a full disk, a file-size limit) leaves the previous file in place and raises an
     ``OSError`` that names the checkpoint."""
+    global _writes_in_progress
+    _writes_in_progress += 1
     try:
         if storage.is_remote(path):
             storage.remove_stale_remote_temporaries(os.fspath(path))
@@ -103,6 +114,8 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
                                      "replaced: the previous checkpoint of that name (if any) is intact.")  # fmt: skip
         named.checkpoint_path = os.fspath(path)  # type: ignore[attr-defined]
         raise named from err
+    finally:
+        _writes_in_progress -= 1
 
 
 def _os_error(err: Optional[BaseException]) -> Optional[OSError]:

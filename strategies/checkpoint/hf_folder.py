@@ -16,6 +16,7 @@ of any layout) becomes a Hugging Face folder one output file at a time: only tha
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -152,7 +153,7 @@ def _distributed() -> bool:
 
 def write_config(model_or_config: Any, directory: Path, dtype: Optional[torch.dtype]) -> None:
     """``config.json`` (its dtype the saved one), and ``generation_config.json`` when the model can generate."""
-    config = getattr(model_or_config, "config", model_or_config)
+    config = copy.deepcopy(getattr(model_or_config, "config", model_or_config))  # the live model's stays as it is
     if dtype is not None:
         config.dtype = dtype
     config.save_pretrained(directory)

@@ -98,3 +98,18 @@ def retie(ties: list[tuple[nn.Module, str, nn.Module, str]]) -> None:
                 "styles that split the same dim, or untie them (tie_word_embeddings=False)."
             )
         owner._parameters[name] = shared
+
+
+def refuse_pipelined_hf(module: nn.Module) -> None:
+    """Pipeline parallel keeps a stage's layers and drops the others; a ``transformers`` model's forward runs every
+    layer it was built with, so it cannot run as a stage: say so, and what works."""
+    from trainer.strategies.hf_models import hf_models
+
+    found = hf_models(module)
+    if found:
+        name = type(found[0][1]).__name__
+        raise ConfigurationError(
+            f"pp > 1 cuts the model into stages, but {name}'s forward (transformers) runs every layer it was built "
+            "with and cannot run as a stage. Train it with dp_shard x tp (its own plan) instead, or write a forward "
+            "that skips the layers another stage holds (as torchtitan's models do)."
+        )

@@ -194,6 +194,9 @@ class NDParallelStrategy(FSDPStrategy):
         if self.sync_module_states and self.world_size > 1:  # (built on meta: its real parts)
             _broadcast_plain(module, self.root_device)  # TP's DTensors were scattered from one rank already
         if layout.pp > 1:
+            from trainer.strategies.nd.hf_plan import refuse_pipelined_hf
+
+            refuse_pipelined_hf(module)
             if not getattr(module, "automatic_optimization", True):
                 raise ConfigurationError(
                     "Pipeline parallel runs forward and backward in its schedule: manual optimisation "

@@ -185,4 +185,5 @@ def canonical_precision(value: Any) -> str:
     if isinstance(value, (str, int)) and not isinstance(value, bool) and value in _ALIASES:
         return _ALIASES[value]
     spellings = ", ".join(repr(k) for k in _ALIASES)
-    raise ConfigurationError(f"precision={value!r} is not supported. Valid values: {spellings}.")
+    raise ConfigurationError(f"precision={value!r} is not supported. Precision {value!r} is invalid. Allowed "
+                             f"precision values: {spellings}.")  # fmt: skip

@@ -113,6 +113,13 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
 
     if not has_meta_tensors(module):
         return False
+    if _ALLOCATE_ONLY[0] is not None:  # shapes only: nothing is initialised, so nothing needs to be initialisable
+        ties = _tied_slots(module)
+        with _ALLOCATE_ONLY[0]:
+            module.to_empty(device=device)
+        _retie(ties)
+        forget(module)
+        return True
     origins = origins_of(module)
     named = _unique_named_tensors(module)
     meta_names = [name for name, tensor in named if _local(tensor).is_meta]
@@ -121,12 +128,6 @@ def materialize(module: nn.Module, device: torch.device) -> bool:
     _refuse_what_cannot_be_initialised(module, origins, meta_names, recorded, init_weights)
     kept = {name: _local(tensor).detach() for name, tensor in named if not _local(tensor).is_meta}
     ties = _tied_slots(module)
-    if _ALLOCATE_ONLY[0] is not None:
-        with _ALLOCATE_ONLY[0]:
-            module.to_empty(device=device)
-        _retie(ties)
-        forget(module)
-        return True
     module.to_empty(device=device)
     _retie(ties)  # to_empty makes a new Parameter per module from meta, which unties a tied weight
     tensors = dict(_unique_named_tensors(module))

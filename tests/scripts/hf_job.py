@@ -1,8 +1,9 @@
 """Jobs for tests/test_hf.py: transformers models trained as they are on 2 gloo ranks, exported and imported.
 
-    python hf_job.py --out DIR --job train    # Llama and GPT-2 at fsdp=2 (3 steps, each saved with
-                                              # trainer.hf.save_pretrained), Llama at dp_shard=1 x tp=2, GPT-2 at
-                                              # tp=2 (the named error), load_pretrained at tp=2
+    python hf_job.py --out DIR --job train    # Llama and GPT-2 at fsdp=2 (3 steps, exported by
+                                              # trainer.hf.save_pretrained / HFCheckpoint), GPT-2 at ddp, Llama at
+                                              # dp_shard=1 x tp=2, GPT-2 at tp=2 (the named error), load_pretrained
+                                              # at tp=2, the export's memory
 
 Each rank writes ``rank{N}.pt``: initial weights, losses, logits of a fixed batch after training, peak memory
 during the export, the error text of GPT-2 at tp=2.
@@ -206,6 +207,10 @@ def train_job(out: Path) -> dict:
         if kind == "llama":
             save_pretrained(module, out / f"{kind}_fsdp", max_shard_size="60KB")
         trainer.save_checkpoint(out / f"{kind}_fsdp.ckpt")  # a sharded folder, for `trainer checkpoint export`
+    module = CausalLM("gpt2")  # DDP: every rank holds the whole model; one writes each tensor
+    fit("ddp", module)
+    report["gpt2_ddp_logits"] = logits_of(module)
+    save_pretrained(module, out / "gpt2_ddp", max_shard_size="60KB")
     module = CausalLM("llama")
     trainer, report["llama_tp2_initial"] = fit(NDParallelStrategy(dp_shard=1, tp=2), module)
     report["llama_tp2_losses"] = module.losses

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch.distributed as dist
 
-    world = int(__import__("os").environ["WORLD_SIZE"])
-    rank = int(__import__("os").environ["RANK"])
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     for name in args.specs.split(","):
         result = measured(job(name, world))
         Path(args.out, f"{name}-rank{rank}.json").write_text(json.dumps(result))

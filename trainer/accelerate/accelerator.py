@@ -1,7 +1,13 @@
 """``Accelerator``: the Engine with Accelerate's numbers."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Union
+
+from trainer.accelerate.state import AcceleratorState
 from trainer.engine.engine import Engine
+from trainer.strategies.errors import ConfigurationError
 
 
 class Accelerator(Engine):
@@ -22,6 +28,25 @@ class Accelerator(Engine):
     """
 
     numbers = "accelerate"
+
+    @property
+    def state(self) -> AcceleratorState:
+        """Accelerate's ``AcceleratorState`` of this job (``num_processes``, ``process_index``,
+        ``distributed_type``, ``mixed_precision``, ``device``; its ``repr`` is what scripts log)."""
+        return AcceleratorState(self)
+
+    def load_state(self, input_dir: Union[str, os.PathLike, None] = None, **load_model_func_kwargs: object) -> None:
+        """The Engine's ``load_state``; also reads a folder Accelerate's own ``save_state`` wrote
+        (:mod:`trainer.accelerate.checkpoint_folder`), so a job started on Accelerate continues here."""
+        from trainer.accelerate.checkpoint_folder import is_accelerate_folder, load_accelerate_folder
+
+        if load_model_func_kwargs:
+            raise ConfigurationError(f"load_state({', '.join(load_model_func_kwargs)}=...) is not supported: models "
+                                     "load with load_state_dict (strict) here. Leave the keyword arguments out.")  # fmt: skip
+        if input_dir is not None and is_accelerate_folder(Path(input_dir)):
+            self._require_ready("load_state()")
+            return load_accelerate_folder(self, Path(input_dir))
+        return super().load_state(input_dir)
 
 
 class PartialState(Accelerator):

@@ -14,7 +14,9 @@ taken; when every candidate is damaged the fit stops with a ``CheckpointError`` 
 A restarted job resumes without being told: when ``fit()`` gets no ``ckpt_path`` and torchrun's elastic agent
 restarted the workers (``TORCHELASTIC_RESTART_COUNT`` > 0, ``trainer run --max-restarts N``) or SLURM requeued
 the job (``SLURM_RESTART_COUNT`` > 0, :mod:`trainer.faults.slurm_requeue`), ``fit()`` behaves as with
-``ckpt_path="auto"``. A ``ckpt_path`` given explicitly always wins.
+``ckpt_path="auto"``; so does every fit of a job that sets ``TRAINER_AUTO_RESUME=1`` (``trainer k8s`` manifests: a
+pod restarted in place cannot tell), starting over while there is no checkpoint yet. Under Ray Train, a worker group that Ray restarted resumes from the checkpoint Ray holds
+(``ray.train.get_checkpoint()``, :mod:`trainer.integrations.ray`). A ``ckpt_path`` given explicitly always wins.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from typing import Any, Optional
 
 
 AUTO = "auto"
+#: Set by launchers whose restarts leave no trace (a Kubernetes pod restarted in place): fit() resumes as "auto".
+AUTO_RESUME_VARIABLE = "TRAINER_AUTO_RESUME"
 
 
 def restart_reason(trainer: Any) -> Optional[str]:
@@ -35,11 +39,19 @@ def restart_reason(trainer: Any) -> Optional[str]:
     elastic = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if "TORCHELASTIC_RUN_ID" in os.environ and elastic.isdigit() and int(elastic) > 0:
         return f"workers restarted by the elastic agent (restart {elastic})"
+    if os.environ.get(AUTO_RESUME_VARIABLE) == "1":  # a pod cannot tell a restart from a first start
+        return f"{AUTO_RESUME_VARIABLE}=1 (a job written by `trainer k8s`)"
     return None
 
 
 def fit_ckpt_path(trainer: Any, ckpt_path: Any) -> Any:
-    """The ``ckpt_path`` a fit uses: the one given, else ``"auto"`` in a restarted job."""
+    """The ``ckpt_path`` a fit uses: the one given, else the cluster's own checkpoint (Ray's ``get_checkpoint()``
+    in a restarted worker group), else ``"auto"`` in a restarted job."""
+    source = trainer._checkpoint.resume_source
+    if ckpt_path is None and source is not None:
+        found = source()
+        if found is not None:
+            return found
     if ckpt_path is None and restart_reason(trainer) is not None:
         return AUTO
     return ckpt_path

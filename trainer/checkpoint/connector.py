@@ -24,7 +24,7 @@ import ast
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 
@@ -57,6 +57,10 @@ class CheckpointConnector:
         self._resume: Optional[dict[str, Any]] = None
         self._pending: Optional[tuple[Any, dict[str, Any]]] = None  # restored in part: the rest after on_fit_start
         self._writer: Any = None  # the BackgroundWriter of asynchronous saves, created by the first one
+        #: Told of every full checkpoint once it is complete, on every rank (a cluster integration: Ray's report).
+        self.saved_listeners: list[Callable[[str], None]] = []
+        #: Where a fit without ``ckpt_path`` resumes from, when a cluster integration knows (Ray's get_checkpoint).
+        self.resume_source: Optional[Callable[[], Optional[str]]] = None
 
     # ------------------------------------------------------------------ saving
     def dump(self, weights_only: bool = False) -> dict[str, Any]:
@@ -112,6 +116,10 @@ class CheckpointConnector:
         strategy.barrier("save_checkpoint")
         if not weights_only:
             self.last_saved_path = path
+            if self.saved_listeners:
+                self.finish_writes()  # listeners get a complete checkpoint, also from an asynchronous save
+                for listener in self.saved_listeners:
+                    listener(path)
 
     @property
     def writer(self) -> Any:
@@ -368,7 +376,11 @@ class CheckpointConnector:
                 f"{len(trainer.optimizers)}."
             )
         for optimizer, state in zip(trainer.optimizers, states):
-            strategy.load_optimizer_state_dict(optimizer, state)
+            try:
+                strategy.load_optimizer_state_dict(optimizer, state)
+            except KeyError as err:
+                _refuse_other_optimizer(optimizer, {str(err)}, path)
+            _check_same_optimizer(optimizer, path)
         for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
             config.scheduler.load_state_dict(state)
         strategy.precision.load_state_dict(checkpoint.get("precision", {}))
@@ -414,9 +426,33 @@ class CheckpointConnector:
             trainer._optimization.window_has_loss = True
 
     def resume_point(self) -> None:
-        """The training loop is about to start: put back the RNG of the restored checkpoint (no-op otherwise)."""
+        """The training loop is about to start: a fault-tolerant strategy joins its replica groups (and may heal from
+        a peer, :meth:`load_from_peer`); then the RNG of the restored checkpoint is put back (no-op otherwise)."""
+        trainer = self.trainer
+        trainer.strategy.join_replicas(self.dump, self.load_from_peer, trainer.fit_loop.progress.global_step)
         if self._resume is not None and self._resume.get("rng") is not None:
             restore_rng_state(self._resume["rng"])
+
+    def load_from_peer(self, checkpoint: dict[str, Any]) -> None:
+        """Heal from a live replica group's in-memory checkpoint (what its :meth:`dump` gave): weights, callbacks,
+        datamodule, loop position, optimizers, schedulers, scaler; the data position and RNG are applied where the
+        training iterator starts, as on a resume. No file is read and no hook runs."""
+        trainer = self.trainer
+        strategy = trainer.strategy
+        self._load_module_state(checkpoint, "a peer replica group's state")
+        self._restore_datamodule(checkpoint)
+        saved_callbacks = checkpoint.get("callbacks", {})
+        for callback in trainer.callbacks:
+            state = callback_state(saved_callbacks, callback.state_key)
+            if state:
+                callback.load_state_dict(state)
+        self.restore_progress(checkpoint)
+        for optimizer, state in zip(trainer.optimizers, checkpoint.get("optimizer_states", [])):
+            strategy.load_optimizer_state_dict(optimizer, state)
+        for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
+            config.scheduler.load_state_dict(state)
+        strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+        self._resume = {"rng": checkpoint.get("rng"), "train_sampler": checkpoint.get("train_sampler")}
 
     def _load_module_state(self, checkpoint: dict[str, Any], path: Any) -> None:
         module = self.trainer.module
@@ -474,3 +510,25 @@ def callback_state(saved: dict[str, Any], state_key: str) -> Any:
             except (ValueError, SyntaxError):
                 continue
     return None
+
+
+def _check_same_optimizer(optimizer: Any, path: Any) -> None:
+    """After loading: every setting the optimizer steps with is there. Settings a newer torch added are filled in
+    by torch while loading; a missing one means the checkpoint was saved by another kind of optimizer (SGD -> Adam
+    after the checkpoint), and torch would fail inside ``step()`` with a bare ``KeyError: 'betas'``."""
+    needed = set(getattr(optimizer, "defaults", {}))
+    for group in optimizer.param_groups:
+        missing = needed - set(group)
+        if missing:
+            _refuse_other_optimizer(optimizer, missing, path)
+
+
+def _refuse_other_optimizer(optimizer: Any, missing: set[str], path: Any) -> None:
+    raise CheckpointError(
+        f"The optimizer state in '{path}' was saved by a different optimizer than the {type(optimizer).__name__} "
+        f"configure_optimizers returns now (the checkpoint lacks its settings {sorted(missing)}): the optimizer "
+        "changed since the checkpoint was saved (e.g. SGD -> Adam), so its state cannot be restored. Go back to the "
+        "optimizer the checkpoint was saved with, or start from the weights alone: "
+        "model = MyModule.load_from_checkpoint(path); trainer.fit(model) without ckpt_path (the new optimizer then "
+        "starts fresh)."
+    )

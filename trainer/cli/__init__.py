@@ -4,10 +4,12 @@
 ``config``     write an experiment/launch file (prompts on a terminal, flags otherwise)
 ``run``        launch a script on this node through ``torch.distributed.run`` (torchrun)
 ``slurm``      write an sbatch script for a SLURM cluster, and submit it with ``--submit``
+``k8s``        write a Kubeflow PyTorchJob/TrainJob manifest for a Kubernetes cluster
 ``env``        print what the Trainer detects here (cluster, ranks, devices, versions)
 ``checkpoint`` ``consolidate DIR OUT``: one file from a sharded folder; ``export --format hf``: an HF folder
 ``estimate-memory``  per-device memory of a module under each strategy, and a recommendation
 ``plan``       a dry run of the whole job on fake ranks: memory, collectives, step time, refusals (exit 2)
+``lighthouse`` torchft's lighthouse, for fault-tolerant replica groups (``ft_ddp``/``ft_hsdp``)
 =============  ==============================================================================
 
 Each subcommand is a module of this package (``estimate-memory``: ``estimate_memory``) with ``add_parser(subparsers)`` (which sets ``handler``) and,
@@ -24,7 +26,7 @@ from typing import Optional
 
 from trainer.strategies.errors import ConfigurationError
 
-COMMANDS = ("config", "run", "slurm", "env", "checkpoint", "estimate_memory", "plan")
+COMMANDS = ("config", "run", "slurm", "k8s", "env", "checkpoint", "estimate_memory", "plan", "lighthouse")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

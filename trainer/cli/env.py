@@ -1,6 +1,7 @@
 """``trainer env``: what the Trainer detects in this process, for bug reports.
 
-Versions, devices, the cluster environment (torchrun, SLURM, ...) with this process's ranks, the launcher's
+Versions, devices, the cluster environment (torchrun, SLURM, Ray Train, Kubeflow, SkyPilot, ...) with this
+process's ranks, the launcher's
 settings and the variables that decide them. ``--json`` prints the same as one JSON object.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from trainer.cli.common import command_parser
 
-ENV_PREFIXES = ("SLURM_", "TORCHELASTIC_", "TRAINER_")
+ENV_PREFIXES = ("SLURM_", "TORCHELASTIC_", "TRAINER_", "PET_", "SKYPILOT_", "SUBMITIT_")
 ENV_NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
              "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_DEBUG")  # fmt: skip
 SLURM_SHOWN = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
@@ -76,10 +77,15 @@ def _cluster() -> dict[str, Any]:
         env = detect_environment()
         if env is None:
             return {"name": "none: a plain process (the Trainer starts other processes itself when devices > 1)"}
+        from trainer.integrations.submitit import submitit_signal
+
+        name = type(env).__name__ + (" (a submitit job)" if submitit_signal() is not None else "")
         return {
-            "name": type(env).__name__, "world_size": env.world_size(), "global_rank": env.global_rank(),
+            "name": name, "world_size": env.world_size(), "global_rank": env.global_rank(),
             "local_rank": env.local_rank(), "node_rank": env.node_rank(), "main_address": env.main_address,
             "main_port": env.main_port,
+            # a scheduler that placed nodes (pods) only: the world size is these nodes x the Trainer's devices
+            **({"nodes": env.num_nodes} if hasattr(env, "source") else {}),
         }  # fmt: skip
     except Exception as err:  # a broken environment is exactly what a bug report needs to show
         return {"name": "error", "error": f"{type(err).__name__}: {err}"}

@@ -1,12 +1,11 @@
-"""``trainer plan``: the job as it will run, dry, in one process, before any cluster time (``estimate-memory`` is
-another name for it).
+"""``trainer plan``: the job as it will run, dry, in one process, before any cluster time.
 
-    trainer plan train.py:make_module --nodes 16 --devices-per-node 8 --strategy nd_parallel --tp 8 \
-        --precision bf16-mixed --micro-batch-size 2 --seq-len 4096 --hardware h100 [--json]
+    trainer plan train.py:make_module --nodes 16 --devices-per-node 8 --strategy nd_parallel --tp 8
+                 --precision bf16-mixed --micro-batch-size 2 --seq-len 4096 --hardware h100 [--json]
 
-The module is built on ``meta`` (its ``configure_model``, its ``init_weights``), the strategy's own set-up (FSDP2,
-ZeRO, the TP plan ``configure_model`` applies, the pipeline cut) runs at the full world size on torch's ``fake``
-process group for each rank role (every pipeline stage), and one forward, backward and optimizer step runs on fake
+The module is built on ``meta`` (its ``configure_model``; weights are allocated, not initialised), the strategy's
+own set-up (FSDP2, ZeRO, the TP plan ``configure_model`` applies, the pipeline cut) runs at the full world size on
+torch's ``fake`` process group for each rank role (every pipeline stage), and one forward, backward and optimizer step runs on fake
 tensors, with the module's ``example_input_array`` or a batch of ``--micro-batch-size`` × ``--seq-len`` tokens.
 Per rank role: parameter, gradient and optimizer-state bytes, the step's peak and what held it, each collective,
 and the step-time bounds against ``--hardware`` (h100, h200, a100, b200, or a YAML file). A layout the real job
@@ -24,7 +23,7 @@ from trainer.strategies.errors import ConfigurationError
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``trainer plan`` (and its other name, ``trainer estimate-memory``)."""
+    """Register ``trainer plan``."""
     parser = command_parser(subparsers, "plan", "a dry run of the whole job on fake ranks: memory, collectives, "
                             "step time, refusals", __doc__)  # fmt: skip
     parser.add_argument("module", help="file.py:Class, file.py:function or package.module:name (built on meta)")
@@ -33,7 +32,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--devices-per-node", type=positive_int, default=None, metavar="G")
     parser.add_argument("--world-size", type=positive_int, default=None, metavar="N",
                         help="checked against nodes × devices-per-node (alone: one node of N devices)")
-    parser.add_argument("--strategy", default="fsdp", help="fsdp, zero2, nd_parallel, ddp or zero1")
+    parser.add_argument("--strategy", default="fsdp", help="fsdp, zero2 or nd_parallel")
     for flag in ("dp_replicate", "dp_shard", "tp", "pp"):
         parser.add_argument(f"--{flag.replace('_', '-')}", type=int, default=-1 if flag == "dp_shard" else 1,
                             metavar="N", help="-1: what the others leave" if flag == "dp_shard" else None)  # fmt: skip

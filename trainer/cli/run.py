@@ -3,7 +3,8 @@
 One node: ``trainer run --devices 2 train.py --lr 0.1`` (a standalone rendezvous on a free port). Several
 nodes: the same command on every node with ``--num-nodes N --node-rank R --main-address HOST-OF-NODE-0
 [--main-port P]``. ``--config FILE`` supplies any of these; flags override it. The agent restarts the workers
-up to ``--max-restarts`` times, and the Trainer in the script joins the job it started.
+up to ``--max-restarts`` times, and the Trainer in the script joins the job it started. ``--replica-groups N``
+starts a fault-tolerant job instead (:mod:`trainer.cli.replica_groups`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from trainer.strategies.errors import ConfigurationError
 from trainer.cli.common import (
     command_parser, job_variables, merged_config, non_negative_int, port, positive_int, value_options,
 )
+from trainer.cli import ray_launch, replica_groups
 from trainer.config.yaml_config import ExperimentConfig, check_trainer_values, split_trainer_args
 
 DEFAULT_PORT = 29500
@@ -37,8 +39,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help=f"port on node 0 (default: free on one node, {DEFAULT_PORT} on several)")  # fmt: skip
     parser.add_argument("--max-restarts", type=non_negative_int, metavar="K",
                         help="restart the workers up to K times after a failure (default 0)")  # fmt: skip
+    replica_groups.add_arguments(parser)
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, as in `python -m`")
     parser.add_argument("--dry-run", action="store_true", help="print the command and variables instead of running")
+    ray_launch.add_arguments(parser)
     parser.add_argument("script", metavar="SCRIPT", help="the training script (its arguments follow it)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(handler=main)
@@ -84,10 +88,17 @@ def check_launch(config: ExperimentConfig, script: str, module: bool) -> None:
 def main(args: argparse.Namespace) -> int:
     """Build the torchrun command and replace this process with it (signals reach the agent directly)."""
     config = merged_config(args.config, {key: getattr(args, key) for key in FLAGS})
-    check_launch(config, args.script, args.module)
+    if not args.ray:  # Ray places the workers itself: no node rank or main address here
+        check_launch(config, args.script, args.module)
+    replica_groups.check(args, config.num_nodes)
     check_trainer_values({**config.trainer, **args.trainer_args}, f"{args.config}: trainer." if args.config else "--trainer.")
     command = torchrun_command(config, args.script, args.script_args, args.module)
     variables = job_variables(config, args.config, args.trainer_args)
+    on_ray = ray_launch.main(args, config, variables)
+    if on_ray is not None:
+        return on_ray
+    if args.replica_groups:  # a lighthouse and N torchruns, each group restarted when it dies
+        return replica_groups.launch(args, command, variables, config.max_restarts)
     if args.dry_run:
         print(" ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items()), shlex.join(command))
         return 0

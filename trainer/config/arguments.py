@@ -198,6 +198,18 @@ def with_max_time(callbacks: list[Callback], max_time: Any, save_checkpoint: boo
     return checkpoints_last(callbacks + [Timer(duration=max_time, interval="step", save_checkpoint=save_checkpoint)])
 
 
+def check_ckpt_path(value: Any, stage: str) -> Any:
+    """``ckpt_path`` of ``fit``/``validate``/``test``/``predict``: None, a path (str or os.PathLike) or one of the
+    names ("last", "best", "auto"); anything else (``ckpt_path=True``) is refused before the stage starts."""
+    if value is None or (isinstance(value, (str, os.PathLike)) and os.fspath(value)):
+        return value
+    raise ConfigurationError(
+        f"{stage}(ckpt_path={value!r}) is not a checkpoint. Pass the path of a checkpoint file (or folder), "
+        "'last' (the newest of this run's folder), 'best', 'auto' (resume when there is something to resume), "
+        "or None to start fresh."
+    )
+
+
 def check_accumulate_grad_batches(value: Any) -> int:
     """``accumulate_grad_batches`` (Trainer and Engine): an int >= 1."""
     _require(_is_int(value) and value >= 1,
@@ -229,7 +241,7 @@ def build_loggers(logger: Any, root_dir: str, fast_dev_run: int) -> list[Logger]
         if not isinstance(item, Logger):
             raise ConfigurationError(
                 f"logger={item!r} is not a Logger. Pass True (default TensorBoard logger), False, a "
-                "loggers.Logger instance or a list of them."
+                "trainer.loggers.Logger instance or a list of them."
             )
     from trainer.loggers.run_folder import share_versions
 
@@ -252,7 +264,7 @@ def build_callbacks(
     for cb in user:
         if not isinstance(cb, Callback):
             raise ConfigurationError(
-                f"callbacks: {cb!r} is a {type(cb).__name__}, not a callbacks.Callback. Subclass Callback "
+                f"callbacks: {cb!r} is a {type(cb).__name__}, not a trainer.Callback. Subclass trainer.Callback "
                 "and override the hooks you need."
             )
     from trainer.callbacks.fit_report import FitReport

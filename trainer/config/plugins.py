@@ -56,17 +56,20 @@ def sort_plugins(plugins: Any, precision: Any) -> PluginSettings:
             kind = "checkpoint_io"
         else:
             raise ConfigurationError(
-                f"plugins: {plugin!r} is not a plugin the Trainer knows. Pass a strategies.Precision (e.g. "
+                f"Found invalid type for plugin {plugin}. plugins: {plugin!r} is not a plugin the Trainer knows. Pass a trainer.strategies.Precision (e.g. "
                 "MixedPrecision('bf16-mixed')), a cluster environment (trainer.strategies.launch.environments.ClusterEnvironment), "
                 "a checkpoint IO (trainer.strategies.checkpoint.checkpoint_io.CheckpointIO) or a layer sync "
                 "(trainer.plugins.TorchSyncBatchNorm)."
             )
         if getattr(settings, kind) is not None:
-            raise ConfigurationError(f"plugins: more than one {kind.replace('_', ' ')} plugin was given; pass one.")
+            raise ConfigurationError(f"Received multiple values for {kind} flags in `plugins`. Expected one value for "
+                                     f"each type at most: more than one {kind.replace('_', ' ')} plugin was given; "
+                                     "pass one.")  # fmt: skip
         setattr(settings, kind, plugin)
     if settings.precision is not None and not isinstance(precision, Precision) and canonical_precision(precision) != "32-true":
         raise ConfigurationError(
-            f"Trainer got precision={precision!r} and a precision plugin in plugins=; pass only one of them."
+            f"Received both `precision={precision}` and `plugins={settings.precision}`. Choose one: Trainer got "
+            f"precision={precision!r} and a precision plugin in plugins=; pass only one of them."
         )
     return settings
 
@@ -89,7 +92,9 @@ def layer_sync_of(sync_batchnorm: bool, settings: PluginSettings) -> Optional[La
     if settings.layer_sync is not None:
         if sync_batchnorm:
             raise ConfigurationError(
-                "Trainer got sync_batchnorm=True and a LayerSync plugin in plugins=; pass only one of them."
+                f"You set `Trainer(sync_batchnorm=True)` and provided a `{type(settings.layer_sync).__name__}` plugin, "
+                "but this is not allowed. Choose one or the other: Trainer got sync_batchnorm=True and a LayerSync "
+                "plugin in plugins=; pass only one of them."
             )
         return settings.layer_sync
     return TorchSyncBatchNorm() if sync_batchnorm else None

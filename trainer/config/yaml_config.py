@@ -169,8 +169,84 @@ def check_trainer_values(settings: Mapping[str, Any], where: str) -> None:
         validate_arguments(args)
         if isinstance(args["precision"], (str, int)):
             precision_plugin(args["precision"])
+        for key, value in settings.items():
+            check_class_paths(value, key)
     except ConfigurationError as err:
         raise ConfigurationError(f"{where}{err}") from None
+
+
+def check_class_paths(value: Any, where: str) -> None:
+    """Each ``class_path`` entry in ``value`` (also in lists and nested ``init_args``) names a class that imports,
+    and its ``init_args`` keys are parameters of that class with every required one given; refused with the
+    closest name ("did you mean"). A path whose top-level package does not import here (a package of the user's
+    found beside the script) is left to the workers."""
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            check_class_paths(item, f"{where}[{index}]")
+        return
+    if not isinstance(value, Mapping) or "class_path" not in value:
+        return
+    check_keys(value, ("class_path", "init_args"), f"{where}: class_path entry {dict(value)!r}")
+    path = value["class_path"]
+    cls = _resolve_class_path(path, where)
+    if cls is None:
+        return
+    init_args = value.get("init_args") or {}
+    if not isinstance(init_args, Mapping):
+        raise ConfigurationError(f"{where}: init_args of '{path}' must be a mapping, not {init_args!r}.")
+    _check_init_args(cls, path, init_args, where)
+    for key, item in init_args.items():
+        check_class_paths(item, f"{where}.init_args.{key}")
+
+
+def _resolve_class_path(path: Any, where: str) -> Any:
+    import importlib
+    import importlib.util
+
+    if not isinstance(path, str) or "." not in path:
+        raise ConfigurationError(f"{where}: class_path {path!r} must be 'package.module.ClassName'.")
+    try:
+        return import_class_path(path)
+    except (ImportError, AttributeError, ValueError):
+        pass
+    parts = path.split(".")
+    for prefix in (parts, ["trainer", *parts]) if parts[0] in ("callbacks", "loggers", "strategies") else (parts,):
+        if importlib.util.find_spec(prefix[0]) is None:
+            continue
+        found, module = prefix[0], importlib.import_module(prefix[0])
+        for part in prefix[1:]:
+            if hasattr(module, part):
+                module, found = getattr(module, part), f"{found}.{part}"
+                continue
+            try:
+                module, found = importlib.import_module(f"{found}.{part}"), f"{found}.{part}"
+                continue
+            except ImportError:
+                pass
+            names = [name for name in dir(module) if not name.startswith("_")]
+            raise ConfigurationError(f"{where}: class_path '{path}' cannot be imported: '{found}' has no "
+                                     f"'{part}'.{did_you_mean(part, names)}")  # fmt: skip
+        return module
+    return None  # the user's package, importable only where the script runs
+
+
+def _check_init_args(cls: Any, path: str, init_args: Mapping[str, Any], where: str) -> None:
+    import inspect
+
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    names = [name for name, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in init_args:
+        if key not in names:
+            raise ConfigurationError(f"{where}: init_args of '{path}' has unknown key '{key}'."
+                                     f"{did_you_mean(key, names)} Valid keys: {', '.join(names)}.")  # fmt: skip
+    missing = [name for name in names if parameters[name].default is inspect.Parameter.empty and name not in init_args]
+    if missing:
+        raise ConfigurationError(f"{where}: init_args of '{path}' misses the required key(s) {', '.join(missing)}.")
 
 
 def check_launch_value(key: str, value: Any, source: str) -> Any:

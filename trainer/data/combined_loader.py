@@ -210,7 +210,10 @@ _Spec = Optional[tuple[type, Optional[list[Any]], list[Any]]]
 
 
 def _flatten(tree: Any) -> tuple[list[Any], _Spec]:
-    """Loaders of a (nested) list, tuple or dict, depth first, and the shape to rebuild it (Lightning's pytree)."""
+    """Loaders of a (nested) list, tuple or dict, depth first, and the shape to rebuild it (Lightning's pytree). A
+    non-empty list or tuple of numbers and strings is one loader (iterating it yields them), as in Lightning."""
+    if isinstance(tree, (list, tuple)) and tree and all(isinstance(item, (int, float, str)) for item in tree):
+        return [tree], None
     if isinstance(tree, Mapping):
         keys = list(tree)
         children = [_flatten(tree[key]) for key in keys]

@@ -1,5 +1,6 @@
 """Lightning's ``demos`` after the rename (``trainer.demos``): tiny models, data modules and random datasets for
-examples, tests and debugging. ``trainer.demos.boring_classes`` holds them; the common ones are re-exported here."""
+examples, tests and debugging (``trainer.demos.boring_classes``), and a small Transformer language model with
+WikiText-2 read from a local file (``trainer.demos.transformer``, ``trainer.demos.wikitext``)."""
 from trainer.demos.boring_classes import (
     BoringDataModule,
     BoringModel,
@@ -8,6 +9,8 @@ from trainer.demos.boring_classes import (
     RandomDataset,
     RandomIterableDataset,
 )
+from trainer.demos.transformer import LightningTransformer, Transformer
+from trainer.demos.wikitext import WikiText2
 
 __all__ = [
     "BoringDataModule",
@@ -16,4 +19,7 @@ __all__ = [
     "ManualOptimBoringModel",
     "RandomDataset",
     "RandomIterableDataset",
+    "LightningTransformer",
+    "Transformer",
+    "WikiText2",
 ]

@@ -46,7 +46,7 @@ from trainer.engine.options import (
     ACCELERATE_PRECISION, AutocastKwargs, DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, KwargsHandler,
     ProfileKwargs, ProjectConfiguration,
 )
-from trainer.engine.trackers import check_trackers, create_trackers
+from trainer.engine.trackers import NoOpTracker, Tracker, check_trackers, create_trackers
 
 _NULL_CONTEXT = contextlib.nullcontext()
 _REDUCTIONS = ("sum", "mean", "max", "min", "none")
@@ -73,7 +73,7 @@ class Engine:
 
     Takes the Trainer's ``accelerator``/``devices``/``num_nodes``/``strategy``/``precision`` and
     ``accumulate_grad_batches`` (validated identically). ``loggers``: True (TensorBoard, else CSV), "tensorboard",
-    "csv", a ``loggers.Logger`` or a list; named ones are created by :meth:`init_trackers` under ``project_dir``.
+    "csv", a ``trainer.loggers.Logger`` or a list; named ones are created by :meth:`init_trackers` under ``project_dir``.
 
     On return the job is running: from a plain ``python script.py`` with several devices the other ranks have
     been started (they re-run the script, as with the Trainer), under torchrun/SLURM/``trainer run`` this process
@@ -161,6 +161,7 @@ class Engine:
         self._param_owner: dict[int, EngineOptimizer] = {}
         self._trigger = False
         self.loggers: list[Logger] = []
+        self._trackers: list[Tracker] = []
         self._ready: Optional[bool] = None  # None: the job was not joined yet; False: joining failed
         launcher = self.strategy.launcher
         if launcher is None:
@@ -893,23 +894,29 @@ class Engine:
                                      "trainer.loggers Logger instances as log_with=[...] instead.")  # fmt: skip
         folder = self.project_configuration.logging_dir or self.project_dir
         self.loggers = create_trackers(self._tracker_specs, folder, project_name)
-        if config and self.is_main_process:
-            for logger in self.loggers:
-                logger.log_hyperparams(dict(config))
+        self._trackers = [Tracker(logger) for logger in self.loggers] if self.is_main_process else []
+        if config:
+            for tracker in self._trackers:
+                tracker.store_init_configuration(config)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The logger created for ``name`` ("tensorboard", "csv", ...); its underlying writer with ``unwrap``
-        (e.g. TensorBoard's ``SummaryWriter``) where it has one."""
-        for logger in self.loggers:
-            if type(logger).__name__.lower().removesuffix("logger") == name.lower():
-                return getattr(logger, "experiment", logger) if unwrap else logger
+        """The tracker for ``name`` ("tensorboard", "csv", ...) with Accelerate's API (``log``, ``tracker``,
+        ``store_init_configuration``, ``finish``; the logger's own members too); its underlying writer with
+        ``unwrap`` (e.g. TensorBoard's ``SummaryWriter``). On a rank that does not log: a tracker that does
+        nothing, as Accelerate's."""
+        if not self.is_main_process:
+            return NoOpTracker()
+        for tracker in self._trackers:
+            if tracker.name == name.lower():
+                return tracker.tracker if unwrap else tracker
         raise ConfigurationError(f"get_tracker({name!r}): no such tracker; this run has "
-                                 f"{[type(logger).__name__ for logger in self.loggers]} (call init_trackers first).")  # fmt: skip
+                                 f"{[tracker.name for tracker in self._trackers]} (call init_trackers first).")  # fmt: skip
 
     @property
-    def trackers(self) -> list[Logger]:
-        """The loggers :meth:`init_trackers` created (Accelerate's name for :attr:`loggers`)."""
-        return self.loggers
+    def trackers(self) -> list[Tracker]:
+        """The trackers :meth:`init_trackers` created, with Accelerate's API over :attr:`loggers`; empty on the
+        ranks that do not log, as in Accelerate."""
+        return self._trackers
 
     def log(self, values: dict[str, Any], step: Optional[int] = None) -> None:
         """Send scalar ``values`` (numbers or one-element tensors) to every logger, on global rank 0."""

@@ -77,6 +77,10 @@ def load_engine_state(engine: EngineParts, folder: Path) -> None:
     """Restore ``folder`` into the objects ``engine`` prepared (in the same order as when it was saved)."""
     strategy = engine.strategy
     path = folder / SHARED_FILE
+    if not path.exists() and any((folder / name).exists() for name in ("model.safetensors", "pytorch_model.bin")):
+        raise CheckpointError(f"'{folder}' was written by Hugging Face Accelerate's save_state (it has no "
+                              f"{SHARED_FILE}). Load it with trainer.accelerate.Accelerator(...).load_state(folder), "
+                              "which reads Accelerate's layout.")  # fmt: skip
     shared = strategy.load_checkpoint(path)
     if not isinstance(shared, dict) or shared.get("format_version", 0) > FORMAT_VERSION or "modules" not in shared:
         raise CheckpointError(f"'{path}' is not an Engine state this version can read (written by save_state?).")

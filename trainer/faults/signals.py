@@ -8,14 +8,17 @@ pluggable: :meth:`SignalConnector.register` replaces the action of a signal (e.g
 SLURM job, exit").
 
 Default actions: SIGINT (Ctrl-C) saves a checkpoint and raises ``KeyboardInterrupt`` (a second Ctrl-C
-interrupts at once); every other stop signal saves a checkpoint and exits the process with status 0.
+interrupts at once; during a checkpoint write it stops the process at once, status 130); every other stop signal saves a checkpoint and exits the process with status 0.
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from typing import Any, Callable, Iterable, Optional, Union
 
+from trainer.strategies.checkpoint.atomic_write import writing_checkpoint
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 
@@ -75,10 +78,16 @@ class SignalConnector:
         self.received: Optional[int] = None
         self.on_receive: Optional[Callable[[int], None]] = None
         self._previous: dict[int, Any] = {}
+        self._taken_over: set[int] = set()  # signals whose earlier handler must not run (the action replaces it)
 
     def register(self, signum: Union[int, signal.Signals], action: SignalAction) -> None:
         """Run ``action(trainer, signum)`` on every rank, at a step boundary, when ``signum`` arrives."""
         self.actions[int(signum)] = action
+
+    def take_over(self, signum: Union[int, signal.Signals]) -> None:
+        """Do not chain the handler installed before for ``signum``: the registered action does its job (submitit's
+        handler would requeue and exit at once, mid-step, before the checkpoint is saved)."""
+        self._taken_over.add(int(signum))
 
     def install(self) -> None:
         """Handle the registered signals (main thread only; elsewhere Python cannot install handlers)."""
@@ -99,7 +108,7 @@ class SignalConnector:
         """Put back the handlers that were installed before :meth:`install`; a signal that arrived too late to be
         acted on (after the last step) is delivered to them, so the process still does what it was asked."""
         pending, self.received = self.received, None
-        chained = pending is not None and _chains(self._previous.get(pending))
+        chained = pending is not None and (pending in self._taken_over or _chains(self._previous.get(pending)))
         for signum, previous in self._previous.items():
             if signal.getsignal(signum) == self._handle:
                 signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
@@ -117,15 +126,29 @@ class SignalConnector:
         if signum == signal.SIGINT and self.received == signal.SIGINT:
             # Second Ctrl-C: the user does not want to wait for the step to finish.
             self.received = None
+            if writing_checkpoint():
+                _stop_now_while_saving()
             handler = previous if callable(previous) else signal.default_int_handler
             handler(signum, frame)
             return
         if self.received is None:
             self.received = signum
-        if _chains(previous):
+        if _chains(previous) and signum not in self._taken_over:
             previous(signum, frame)  # chain the handler the user had installed
         if self.on_receive is not None:
             self.on_receive(signum)
+
+
+def _stop_now_while_saving() -> None:
+    """A second Ctrl-C while a checkpoint is being written: an exception raised inside torch's writer comes out as
+    its internal ``RuntimeError``, and unwinding then takes seconds. Stop here, at once. Nothing is lost: the file
+    being written is a temporary (removed by the next save) and every checkpoint written before is intact."""
+    sys.stderr.write("\nInterrupted again while a checkpoint was being written: stopping now. The checkpoints "
+                     "saved before are intact; the one being written is discarded. Resume with "
+                     "fit(..., ckpt_path='last').\n")  # fmt: skip
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(130)  # 128 + SIGINT, as a shell reports an interrupted program
 
 
 def _chains(previous: Any) -> bool:

@@ -43,10 +43,12 @@ def connect(trainer: Any) -> None:
     """Make the requeue signal save, requeue and exit (when the job runs under SLURM with auto-requeue)."""
     env = slurm_environment(trainer)
     if env is not None and env.auto_requeue:
-        trainer._faults.signals.register(env.requeue_signal, _save_and_requeue(env))
+        trainer._faults.signals.register(env.requeue_signal, save_and_requeue(env))
 
 
-def _save_and_requeue(env: "SLURMEnvironment") -> Callable[[Any, int], None]:
+def save_and_requeue(env: "SLURMEnvironment") -> Callable[[Any, int], None]:
+    """The signal action: save ``interrupted.ckpt`` (every rank), requeue the job (global rank 0), exit."""
+
     def action(trainer: Any, signum: int) -> None:
         path = trainer._checkpoint.save_interrupted()  # every rank (collectives); rank 0 writes
         if not trainer.is_global_zero:

@@ -77,7 +77,11 @@ class StepCounter:
         self.step_schedulers = [c for c in configs if not c.reduce_on_plateau]
         self.plateau_schedulers = [c for c in configs if c.reduce_on_plateau]
 
-    def after_step(self, stepped: bool) -> None:
+    def after_step(self, stepped: Optional[bool]) -> None:
+        """Count an optimizer step: ``stepped`` False for an fp16 step skipped for inf/nan gradients (counted, as in
+        Lightning), None for a step that did not happen (a fault-tolerant quorum that did not commit: not counted)."""
+        if stepped is None:
+            return
         progress = self.trainer.fit_loop.progress
         progress.global_step += 1
         if not stepped:

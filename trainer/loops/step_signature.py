@@ -10,6 +10,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from trainer.strategies.errors import StepSignatureError
+
 #: More positional arguments than any step is ever given.
 _UNBOUNDED = 99
 
@@ -40,7 +42,10 @@ def takes_batch_idx(method: Callable[..., Any]) -> bool:
 
 
 def step_arity(method: Callable[..., Any], several_dataloaders: bool) -> int:
-    """How many of ``(batch, batch_idx, dataloader_idx)`` an evaluation/predict step is given: 1, 2 or 3."""
+    """How many of ``(batch, batch_idx, dataloader_idx)`` an evaluation/predict step is given: 1, 2 or 3. A step
+    that requires ``dataloader_idx`` with a single dataloader is refused (Lightning's words)."""
+    if not several_dataloaders:
+        _check_no_required_dataloader_idx(method)
     if not takes_batch_idx(method):
         return 1
     return 3 if several_dataloaders and positional_capacity(method) >= 3 else 2
@@ -53,3 +58,18 @@ def takes_dataloader_iter(method: Callable[..., Any]) -> bool:
         return "dataloader_iter" in inspect.signature(method).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _check_no_required_dataloader_idx(method: Callable[..., Any]) -> None:
+    try:
+        parameter = inspect.signature(method).parameters.get("dataloader_idx")
+    except (TypeError, ValueError):
+        return
+    if parameter is not None and parameter.default is inspect.Parameter.empty:
+        owner = type(getattr(method, "__self__", None)).__name__
+        stage = method.__name__.removesuffix("_step").replace("validation", "val")
+        raise StepSignatureError(
+            f"You provided only a single `{stage}_dataloader`, but have included `dataloader_idx` in "
+            f"`{owner}.{method.__name__}()`. Either remove the argument or give it a default value i.e. "
+            "`dataloader_idx=0`."
+        )

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
@@ -462,7 +463,25 @@ class TrainModule(nn.Module):
             self.__dict__.setdefault("_told_no_logger", set()).add(name)  # once per name, not per call
             warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. Attach "
                           "one with `Trainer(logger=...)`, or drop logger=True.", UserWarning, stacklevel=2)
+        if metric_attribute is None and _is_torchmetric(value):
+            self._check_metric_attribute(name, value)
         results.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, add_dataloader_idx)
+
+    def _check_metric_attribute(self, name: str, metric: Any) -> None:
+        """A logged ``torchmetrics.Metric`` must be one of the module's attributes: the loop resets it at each epoch's
+        end and moves and syncs it with the module; one created on the fly would silently keep its old state."""
+        attributes = self.__dict__.get("_metric_attributes")
+        if attributes is None or id(metric) not in attributes:
+            attributes = {id(module): path for path, module in self.named_modules() if _is_torchmetric(module)}
+            self.__dict__["_metric_attributes"] = attributes
+        if id(metric) not in attributes:
+            raise ConfigurationError(
+                f"Could not find the `LightningModule` attribute for the `torchmetrics.Metric` logged as {name!r}: "
+                "the loop resets and syncs only the metrics the module holds. Assign it in __init__ "
+                f"(self.accuracy = Accuracy(...); self.log({name!r}, self.accuracy)), or pass "
+                f"self.log({name!r}, ..., metric_attribute=<attribute name>)"
+                + (f"; the module's metrics are {sorted(attributes.values())}." if attributes else ".")
+            )
 
     def log_dict(
         self,
@@ -559,22 +578,27 @@ class TrainModule(nn.Module):
             gradient_clip_val = configured_val
         elif configured_val is not None and float(gradient_clip_val) != configured_val:
             raise ConfigurationError(
+                f"You have set `Trainer(gradient_clip_val={configured_val!r})` and have passed "
+                f"`clip_gradients(gradient_clip_val={gradient_clip_val!r})`. Please use only one of them: "
                 f"clip_gradients(gradient_clip_val={gradient_clip_val}) contradicts Trainer(gradient_clip_val="
-                f"{configured_val}). Set the value in one place: drop one of them."
+                f"{configured_val}); set the value in one place."
             )
         configured_algorithm = getattr(trainer, "gradient_clip_algorithm", None)
         if gradient_clip_algorithm is None:
             gradient_clip_algorithm = configured_algorithm
         elif configured_algorithm is not None and gradient_clip_algorithm.lower() != configured_algorithm:
             raise ConfigurationError(
+                f"You have set `Trainer(gradient_clip_algorithm={configured_algorithm!r})` and have passed "
+                f"`clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r})`. Please use only one of them: "
                 f"clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) contradicts Trainer("
-                f"gradient_clip_algorithm={configured_algorithm!r}). Set it in one place: drop one of them."
+                f"gradient_clip_algorithm={configured_algorithm!r}); set it in one place."
             )
         if gradient_clip_val is None or gradient_clip_val == 0:
             return
         algorithm = (gradient_clip_algorithm or "norm").lower()
         if algorithm not in ("norm", "value"):
-            raise ConfigurationError(f"gradient_clip_algorithm={algorithm!r} is not valid. Use 'norm' or 'value'.")
+            raise ConfigurationError(f"`gradient_clip_algorithm` {algorithm} is invalid. Allowed algorithms: "
+                                     "['value', 'norm'] (gradient_clip_algorithm='norm' or 'value').")  # fmt: skip
         for wrapped in self.trainer._wrapped_optimizers:
             if optimizer is wrapped:
                 # The gradient scaler tracks "unscaled already" per optimizer object: it must see the one step() uses.
@@ -684,6 +708,12 @@ def configure_model_once(module: TrainModule, strategy: Any, check_init: bool = 
     reference = strategy.build_module(module, build, check_init)
     module.__dict__["_model_configured"] = True
     return reference
+
+
+def _is_torchmetric(value: Any) -> bool:
+    # torchmetrics is looked up only if the user imported it: no import cost for users without metrics.
+    module = sys.modules.get("torchmetrics")
+    return module is not None and isinstance(value, module.Metric)
 
 
 def _warn_not_attached(name: str, trainer: Any) -> None:

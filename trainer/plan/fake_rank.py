@@ -89,15 +89,9 @@ def make_strategy(spec: JobSpec) -> Any:
         return NDParallelStrategy(dp_replicate=spec.dp_replicate, dp_shard=spec.dp_shard, tp=spec.tp, pp=spec.pp,
                                   microbatches=spec.microbatches if spec.pp > 1 else None,
                                   pipeline_schedule=spec.schedule, auto_wrap_policy=policy, **kwargs)  # fmt: skip
-    if spec.strategy in ("fsdp", "zero2"):
-        from trainer.strategies.data_parallel.zero import Zero2Strategy
+    from trainer.strategies.data_parallel.zero import Zero2Strategy
 
-        return (FSDPStrategy if spec.strategy == "fsdp" else Zero2Strategy)(auto_wrap_policy=policy, **kwargs)
-    from trainer.strategies.registry import create_strategy
-
-    strategy = create_strategy(spec.strategy)
-    strategy.precision, strategy._precision_given = kwargs["precision"], True
-    return strategy
+    return (FSDPStrategy if spec.strategy == "fsdp" else Zero2Strategy)(auto_wrap_policy=policy, **kwargs)
 
 
 def _wrap_classes(module: nn.Module, names: tuple[str, ...], flag: str) -> tuple[type, ...]:

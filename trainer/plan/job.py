@@ -12,8 +12,9 @@ from torch import Tensor, nn
 from trainer.module import TrainModule
 from trainer.strategies.errors import ConfigurationError
 
-#: Strategies a plan runs (their set-up code is what the fake ranks execute).
-STRATEGIES = ("fsdp", "zero2", "nd_parallel", "ddp", "zero1")
+#: Strategies a plan runs (their set-up code is what the fake ranks execute). DDP and ZeRO-1 move a whole module
+#: to the device (``module.to``), which cannot swap a ``meta`` parameter for a fake one.
+STRATEGIES = ("fsdp", "zero2", "nd_parallel")
 OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd_momentum": "SGD", "rmsprop": "RMSprop",
               "adagrad": "Adagrad"}  # fmt: skip
 _HEADS = ("num_attention_heads", "n_heads", "n_head", "num_heads")
@@ -71,7 +72,11 @@ def check_job(spec: JobSpec, world_size: Optional[int]) -> None:
             f"{spec.world_size}: the job starts one process per device. Fix one of the three."
         )
     if spec.strategy not in STRATEGIES:
-        raise ConfigurationError(f"--strategy {spec.strategy!r} cannot be planned; use one of {', '.join(STRATEGIES)}.")
+        raise ConfigurationError(
+            f"--strategy {spec.strategy!r} cannot be planned (its set-up moves the whole module to the device, which a "
+            f"dry run on meta cannot do); plan one of {', '.join(STRATEGIES)} (ddp holds what fsdp gathers: the whole "
+            "model, gradients and optimizer state on every rank)."
+        )
     if spec.strategy != "nd_parallel" and (spec.tp > 1 or spec.pp > 1 or spec.dp_replicate > 1):
         raise ConfigurationError(
             f"--tp/--pp/--dp-replicate lay out an N-D mesh, which --strategy {spec.strategy} does not have. "
@@ -106,7 +111,8 @@ def _check_global_batch(spec: JobSpec, dp: int) -> None:
 def first_attribute(module: nn.Module, names: tuple[str, ...]) -> Optional[tuple[str, int]]:
     """The first of ``names`` set to an int on the module, its ``config``/``hparams``, or a submodule: (name, value)."""
     holders: list[Any] = [module, getattr(module, "config", None), getattr(module, "hparams", None)]
-    holders += [m for m in module.modules() if m is not module]
+    for sub in module.modules():
+        holders += [getattr(sub, "config", None)] + ([sub] if sub is not module else [])
     for holder in holders:
         if holder is None:
             continue

@@ -192,8 +192,8 @@ def over_budget_message(plan: Plan, role: Role, budget: int) -> str:
     holders = dict(top.step.peak_holders)
     biggest = max(holders, key=holders.get) if holders else "?"
     lines = [
-        f"{role.name} ({_span(role.ranks)}): the step's peak is {_gb(top.step.peak_bytes)} on rank {top.rank}, over "
-        f"the {_gb(budget)} of one device; the biggest holder is {biggest} ({_gb(holders.get(biggest, 0))}).",
+        f"{role.name} ({_span(role.ranks)}): the step's peak is {human_bytes(top.step.peak_bytes)} on rank {top.rank}, over "
+        f"the {human_bytes(budget)} of one device; the biggest holder is {biggest} ({human_bytes(holders.get(biggest, 0))}).",
     ]
     fits = suggest_layouts(plan, role, budget)
     lines.append("Layouts that an estimate from this plan says fit (plan them to confirm): " + "; ".join(fits)
@@ -225,10 +225,16 @@ def suggest_layouts(plan: Plan, role: Role, budget: int) -> list[str]:
                 new_act = activations * layout.tp / tp / (4 if ckpt and not spec.activation_checkpointing else 1)
                 if new_state + new_act <= budget * 0.9 and (tp, pp, ckpt) != (layout.tp, layout.pp, False):
                     extra = " --activation-checkpointing BLOCK" if ckpt else ""
-                    out.append(f"--dp-shard {dp_shard} --tp {tp} --pp {pp}{extra} (~{_gb(new_state + new_act)})")
+                    out.append(f"--dp-shard {dp_shard} --tp {tp} --pp {pp}{extra} (~{human_bytes(new_state + new_act)})")
                     break
     return out[:4]
 
 
-def _gb(value: float) -> str:
-    return f"{value / 2**30:.2f} GiB"
+def human_bytes(value: float) -> str:
+    """``1.50 GiB``, ``12.00 KiB``, ``512 B``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{int(value)} B"
+
+

@@ -3,14 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.plan.planner import Plan
-
-
-def _size(value: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{int(value)} B"
+from trainer.plan.planner import Plan, human_bytes as _size
 
 
 def _seconds(value: float) -> str:

@@ -1,0 +1,112 @@
+"""``Fabric.save(path, state)`` / ``Fabric.load(path, state)``: a dict of set-up modules, optimizers, stateful
+objects and plain values, written through the strategy as one file (global rank 0 writes; read back with
+``weights_only=True``). Under a sharded strategy the state dicts are gathered whole first (Lightning's Fabric
+writes a sharded folder there instead); every rank reads the file and keeps its own slice."""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Union
+
+from torch import nn
+from torch.optim import Optimizer
+
+from trainer.strategies.strategy import Strategy
+
+ModuleOf = Callable[[Any], Optional[nn.Module]]
+
+
+@contextlib.contextmanager
+def whole_state_dicts(strategy: Strategy) -> Iterator[None]:
+    """Inside: a sharded strategy gives full state dicts (on global rank 0) and writes single files."""
+    before = getattr(strategy, "state_dict_type", None)
+    if before == "sharded":
+        strategy.state_dict_type = "full"
+    try:
+        yield
+    finally:
+        if before == "sharded":
+            strategy.state_dict_type = before
+
+
+def _optimizer(obj: Any) -> Optional[Optimizer]:
+    """The torch optimizer behind ``obj`` (a set-up one wraps it), or None."""
+    inner = getattr(obj, "optimizer", None)
+    if isinstance(inner, Optimizer):
+        return inner
+    return obj if isinstance(obj, Optimizer) else None
+
+
+def state_of(state: dict[str, Any], module_of: ModuleOf, strategy: Strategy) -> dict[str, Any]:
+    """``state`` with modules and optimizers replaced by their state dicts (full or sharded, as the strategy
+    checkpoints them) and other objects with ``state_dict()`` by theirs. Every rank must call it."""
+    if not isinstance(state, dict):
+        raise TypeError(f"fabric.save(path, state) needs a dict as state, e.g. {{'model': model, 'optimizer': "
+                        f"optimizer}}; got {type(state).__name__}. (Fabric's order is save(path, state).)")  # fmt: skip
+    converted: dict[str, Any] = {}
+    for key, value in state.items():
+        module = module_of(value)
+        optimizer = _optimizer(value)
+        if module is not None:
+            converted[key] = strategy.module_state_dict(module)
+        elif isinstance(value, nn.Module):
+            converted[key] = value.state_dict()
+        elif optimizer is not None:
+            converted[key] = strategy.optimizer_state_dict(optimizer)
+        elif callable(getattr(value, "state_dict", None)) and not isinstance(value, type):
+            converted[key] = value.state_dict()
+        else:
+            converted[key] = value
+    return converted
+
+
+def save_state(strategy: Strategy, path: Union[str, os.PathLike], converted: dict[str, Any]) -> None:
+    """Write ``converted`` to ``path`` through the strategy, then wait for every rank."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"fabric.save(path, state) needs a path first; got {type(path).__name__}. Fabric's order is "
+                        "save(path, state) (Accelerate's is save(obj, path)).")  # fmt: skip
+    target = Path(path)
+    if strategy.is_global_zero:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    strategy.save_checkpoint(converted, target)
+    strategy.barrier("fabric.save")
+
+
+def load_state(strategy: Strategy, path: Union[str, os.PathLike], state: Optional[dict[str, Any]], strict: bool,
+               module_of: ModuleOf, raw: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Read ``path`` and restore it into ``state`` (see ``Fabric.load``); returns the entries ``state`` did not
+    ask for (the whole file without ``state``)."""
+    target = Path(path)
+    if not target.exists():
+        raise FileNotFoundError(f"fabric.load: '{target}' does not exist (written by fabric.save(path, state)?).")
+    checkpoint = strategy.load_checkpoint(target)
+    if raw:
+        checkpoint = {"_raw": checkpoint}
+    if state is None:
+        return checkpoint
+    if strict:
+        for key in state:
+            if key not in checkpoint:
+                raise KeyError(
+                    f"The requested state contains a key '{key}' that does not exist in the loaded checkpoint "
+                    f"'{target}' (it has {sorted(checkpoint)}). To disable strict loading, set `strict=False`."
+                )
+    for key, obj in list(state.items()):
+        if key not in checkpoint:
+            continue
+        value = checkpoint.pop(key)
+        module = module_of(obj)
+        optimizer = _optimizer(obj)
+        if module is not None:
+            strategy.load_module_state_dict(value, strict=strict, module=module)
+        elif isinstance(obj, nn.Module):
+            obj.load_state_dict(value, strict=strict)
+        elif optimizer is not None:
+            strategy.load_optimizer_state_dict(optimizer, value)
+        elif callable(getattr(obj, "load_state_dict", None)) and not isinstance(obj, type):
+            obj.load_state_dict(value)
+        else:
+            state[key] = value
+    strategy.barrier("fabric.load")
+    return checkpoint

@@ -95,6 +95,7 @@ def test_an_epoch_entered_at_its_position_continues_as_the_sampler_would(case: s
 
 
 # ------------------------------------------------------------------------------- killed and resumed, bitwise
+@pytest.mark.timeout(400)  # four fits with two workers each (about 30 s on an idle 2-core machine)
 def test_augmented_data_in_two_workers_resumes_bitwise_equal_also_with_one_worker(tmp_path: Path) -> None:
     fit(tmp_path / "reference")
     reference = steps(tmp_path / "reference")
@@ -123,7 +124,7 @@ def killed_at_two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_two_ranks_killed_mid_epoch_resume_bitwise_equal_with_one_worker_each(
     killed_at_two_ranks: Path, tmp_path: Path
 ) -> None:
@@ -296,3 +297,26 @@ class Recorded(Dataset):
     def __getitem__(self, index: int) -> int:
         self.read.append(index)
         return index
+
+
+class Opened(Dataset):
+    """Needs a handle its loader's worker_init_fn opens per worker (as with h5py files)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        return self.handle + index
+
+
+def open_handle(worker_id: int) -> None:
+    torch.utils.data.get_worker_info().dataset.handle = 100
+
+
+def test_a_worker_init_fn_that_sets_up_the_dataset_still_reaches_the_users_dataset() -> None:
+    from trainer.checkpoint.data_position import TrainDataPosition
+
+    loader = DataLoader(Opened(), batch_size=4, num_workers=2, worker_init_fn=open_handle)
+    batches = [batch.tolist() for batch in TrainDataPosition().iterator(loader, 0)]
+    assert batches == [[100, 101, 102, 103], [104, 105, 106, 107]]
+    assert type(loader.dataset) is Opened  # the user's loader is left as it was

@@ -89,6 +89,13 @@ class SeededDataset(Dataset):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A worker_init_fn that opens a per-worker handle on get_worker_info().dataset sets it on the user's dataset.
+        if name == "dataset":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.dataset, name, value)
+
     def __getitem__(self, index: Any) -> Any:
         if not isinstance(index, SampleKey):
             return self.dataset[index]

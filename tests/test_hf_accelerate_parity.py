@@ -43,8 +43,10 @@ def _free_port() -> int:
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    # HF_HOME in tmp: no accelerate config file of this machine's user is read by `accelerate launch`.
-    return clean_env(HF_HOME=str(tmp_path / "hf_home"), HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
+    # HF_HOME in tmp: no accelerate config file of this machine's user is read by `accelerate launch`. Both sides on
+    # CPU processes, also on a machine with GPUs (the comparison is of the loops, not of kernels).
+    return clean_env(HF_HOME=str(tmp_path / "hf_home"), HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"),
+                     CUDA_VISIBLE_DEVICES="")  # fmt: skip
 
 
 def _metrics(output: str) -> tuple[list[str], list[str]]:

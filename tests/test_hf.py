@@ -146,7 +146,8 @@ def loaded(job, reports, exported) -> dict:
     """Each exported folder loaded by transformers alone, in a fresh process that cannot import this framework."""
     _, out = job
     env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
-    folders = ["llama_fsdp", "gpt2_fsdp", "gpt2_ddp", "llama_tp2", "gpt2_fsdp_exported", "llama_tp2_exported"]
+    folders = ["llama_fsdp", "gpt2_fsdp", "gpt2_ddp", "llama_tp2", "gpt2_fsdp_exported", "llama_tp2_exported",
+               "llama_tp2_mc/trained.hf"]  # fmt: skip
     done = subprocess.run([sys.executable, "-c", FROM_PRETRAINED, str(out), *folders], cwd=out, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
@@ -157,6 +158,13 @@ def loaded(job, reports, exported) -> dict:
 def test_from_pretrained_in_a_fresh_process_gives_the_trained_models_logits(reports, loaded, layout):
     assert torch.allclose(loaded[layout]["logits"], reports[0][f"{layout}_logits"], atol=1e-6, rtol=0)
     assert loaded[layout]["dtype"] == torch.float32
+
+
+def test_model_checkpoint_save_hf_at_tp2_writes_a_folder_with_the_trained_logits(job, loaded, reports):
+    _, out = job
+    assert sorted(p.name for p in (out / "llama_tp2_mc").iterdir()) == ["trained.ckpt", "trained.hf"]
+    assert torch.allclose(loaded["llama_tp2_mc/trained.hf"]["logits"], reports[0]["llama_tp2_logits"], atol=1e-6,
+                          rtol=0)  # fmt: skip
 
 
 def test_an_exported_folder_is_sharded_with_its_index_config_and_tied_weights_once(job, reports, loaded):

@@ -32,6 +32,7 @@ from trainer.callbacks.callback import Callback
 from trainer.loggers.run_folder import planned_log_dir
 from trainer.strategies.checkpoint import storage
 from trainer.strategies.checkpoint.checkpoint_io import atomic_link
+from trainer.strategies.checkpoint.hf_folder import save_hf_folder, the_hf_model
 from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.rank import rank_zero_info, rank_zero_warn
 
@@ -64,6 +65,9 @@ class ModelCheckpoint(Callback):
         keep_last_n: also keep the newest N checkpoints this callback saved (besides the top-k); every due save
             then writes one. ``None`` (default): only the top-k rules.
         asynchronous: copy the state at the save and write it in a background thread; training goes on at once.
+        save_hf: beside every checkpoint ``NAME.ckpt`` written, also write the module's ``transformers`` model as a
+            Hugging Face folder ``NAME.hf`` (as :class:`HFCheckpoint`: each rank writes its shards), deleted with the
+            checkpoint. A ``last`` that is a link to a checkpoint has that checkpoint's folder.
     """
 
     CHECKPOINT_JOIN_CHAR = "-"
@@ -91,12 +95,22 @@ class ModelCheckpoint(Callback):
         enable_version_counter: bool = True,
         keep_last_n: Optional[int] = None,
         asynchronous: bool = False,
+        save_hf: bool = False,
     ) -> None:
         _check_arguments(monitor, mode, save_top_k, save_last, every_n_train_steps, every_n_epochs, train_time_interval)
         if keep_last_n is not None and (isinstance(keep_last_n, bool) or not isinstance(keep_last_n, int)
                                         or keep_last_n < 1):  # fmt: skip
             raise ConfigurationError(f"ModelCheckpoint(keep_last_n={keep_last_n!r}) must be None or an int >= 1.")
         self.keep_last_n = keep_last_n
+        if not isinstance(save_hf, bool):
+            raise ConfigurationError(f"ModelCheckpoint(save_hf={save_hf!r}) must be True or False.")
+        if save_hf and dirpath is not None and storage.is_remote(os.fspath(dirpath)):
+            raise ConfigurationError(
+                f"ModelCheckpoint(save_hf=True) writes Hugging Face folders on a local disk, but dirpath="
+                f"{os.fspath(dirpath)!r} is remote. Give a local dirpath, or export later with "
+                "`trainer checkpoint export --format hf CKPT DIRECTORY`."
+            )
+        self.save_hf = save_hf
         self.asynchronous = bool(asynchronous)
         self._recent: list[str] = []  # the checkpoints saved for keep_last_n, oldest first
         if dirpath is not None and not storage.is_remote(os.fspath(dirpath)) and os.path.isfile(dirpath):
@@ -169,6 +183,11 @@ class ModelCheckpoint(Callback):
         if self._dirpath_planned:  # the run folder is claimed by now (or here): its real version
             self._dirpath_planned = False
             self.dirpath = trainer.strategy.broadcast(_folder(storage.join(trainer.log_dir, "checkpoints")))
+        if self.save_hf:  # refused before training, not at the first save
+            the_hf_model(pl_module, "ModelCheckpoint(save_hf=True)")
+            if self.dirpath is not None and storage.is_remote(self.dirpath):
+                raise ConfigurationError(f"ModelCheckpoint(save_hf=True) writes Hugging Face folders on a local disk, "
+                                         f"but its dirpath {self.dirpath!r} is remote. Give a local dirpath.")  # fmt: skip
         self._last_time_checked = time.monotonic()
         self._validated = False
 
@@ -373,6 +392,8 @@ class ModelCheckpoint(Callback):
             trainer.save_checkpoint(path, self.save_weights_only, asynchronous=True)
         else:
             trainer.save_checkpoint(path, self.save_weights_only)
+        if self.save_hf:  # collective, as save_checkpoint: every rank writes the shards it holds
+            save_hf_folder(trainer.lightning_module, hf_folder_of(path))
         self._just_saved = self._last_checkpoint_saved = path
         if trainer.is_global_zero:
             for logger in trainer.loggers:  # as Lightning: each logger may act on the new file (upload it)
@@ -391,6 +412,8 @@ class ModelCheckpoint(Callback):
             return  # the checkpoint this fit resumed from is the user's to delete
         if self.dirpath is not None and _inside(previous, self.dirpath) and trainer.is_global_zero:
             _after_commit(trainer, lambda: trainer.strategy.remove_checkpoint(previous))  # only once the new checkpoint is complete
+            if self.save_hf:
+                _after_commit(trainer, lambda: trainer.strategy.remove_checkpoint(hf_folder_of(previous)))
 
     # ------------------------------------------------------------------ names
     def _monitor_candidates(self, trainer: Any) -> dict[str, Any]:
@@ -511,6 +534,13 @@ class ModelCheckpoint(Callback):
             )
         self.best_model_path = state_dict.get("best_model_path", "")
         self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)
+
+
+def hf_folder_of(checkpoint: str) -> str:
+    """The Hugging Face folder ``ModelCheckpoint(save_hf=True)`` writes beside ``checkpoint``: ``NAME.ckpt`` ->
+    ``NAME.hf``."""
+    stem = checkpoint[: -len(ModelCheckpoint.FILE_EXTENSION)] if checkpoint.endswith(ModelCheckpoint.FILE_EXTENSION) else checkpoint
+    return stem + ".hf"
 
 
 def _folder(path: Union[str, os.PathLike]) -> str:

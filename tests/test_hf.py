@@ -146,7 +146,8 @@ def loaded(job, reports, exported) -> dict:
     """Each exported folder loaded by transformers alone, in a fresh process that cannot import this framework."""
     _, out = job
     env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
-    folders = ["llama_fsdp", "gpt2_fsdp", "gpt2_ddp", "llama_tp2", "gpt2_fsdp_exported", "llama_tp2_exported"]
+    folders = ["llama_fsdp", "gpt2_fsdp", "gpt2_ddp", "llama_tp2", "gpt2_fsdp_exported", "llama_tp2_exported",
+               "llama_tp2_mc/trained.hf"]  # fmt: skip
     done = subprocess.run([sys.executable, "-c", FROM_PRETRAINED, str(out), *folders], cwd=out, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
@@ -157,6 +158,13 @@ def loaded(job, reports, exported) -> dict:
 def test_from_pretrained_in_a_fresh_process_gives_the_trained_models_logits(reports, loaded, layout):
     assert torch.allclose(loaded[layout]["logits"], reports[0][f"{layout}_logits"], atol=1e-6, rtol=0)
     assert loaded[layout]["dtype"] == torch.float32
+
+
+def test_model_checkpoint_save_hf_at_tp2_writes_a_folder_with_the_trained_logits(job, loaded, reports):
+    _, out = job
+    assert sorted(p.name for p in (out / "llama_tp2_mc").iterdir()) == ["trained.ckpt", "trained.hf"]
+    assert torch.allclose(loaded["llama_tp2_mc/trained.hf"]["logits"], reports[0]["llama_tp2_logits"], atol=1e-6,
+                          rtol=0)  # fmt: skip
 
 
 def test_an_exported_folder_is_sharded_with_its_index_config_and_tied_weights_once(job, reports, loaded):
@@ -295,3 +303,29 @@ def test_hf_checkpoint_writes_every_n_epochs_and_at_the_end(tmp_path):
     assert torch.equal(final.transformer.wte.weight, module.model.transformer.wte.weight.to(torch.bfloat16))
     with pytest.raises(ConfigurationError, match="every_n_epochs=0"):
         HFCheckpoint(tmp_path, every_n_epochs=0)
+
+
+def test_model_checkpoint_save_hf_writes_a_folder_beside_each_checkpoint_and_deletes_it_with_it(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainer import Trainer
+    from helpers import Regressor, loader
+    from trainer.callbacks import ModelCheckpoint
+    from trainer.strategies.errors import ConfigurationError
+
+    callback = ModelCheckpoint(tmp_path, save_top_k=1, every_n_epochs=1, save_hf=True)  # keeps the latest only
+    module = hf_job.CausalLM("gpt2")
+    Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_train_batches=2, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, callbacks=[callback]).fit(
+        module, torch.utils.data.DataLoader(hf_job.dataset(), batch_size=4))  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=1-step=4.ckpt", "epoch=1-step=4.hf"]
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "epoch=1-step=4.hf")
+    assert all(torch.equal(saved.state_dict()[name], value) for name, value in module.model.state_dict().items())
+
+    with pytest.raises(ConfigurationError, match="save_hf=True"):
+        ModelCheckpoint("s3://bucket/ckpts", save_hf=True)
+    with pytest.raises(ConfigurationError, match=r"ModelCheckpoint\(save_hf=True\) needs a Hugging Face"):
+        Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=1, logger=False,
+                enable_progress_bar=False, enable_model_summary=False,
+                callbacks=[ModelCheckpoint(tmp_path / "plain", save_hf=True)]).fit(
+            Regressor(), loader())  # fmt: skip

@@ -113,7 +113,7 @@ def main() -> None:
                 optimizer.zero_grad()
             if accelerator.sync_gradients:
                 completed_steps += 1
-                accelerator.print(f"step {completed_steps}: loss {loss.item():.6f}")
+                accelerator.print(f"step {completed_steps}: loss {loss.item()!r}")  # repr: exact, to compare runs
 
         model.eval()
         losses = []

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer.hf import load_pretrained, save_pretrained
 from trainer import Trainer, TrainModule, seed_everything
-from trainer.callbacks import Callback, HFCheckpoint
+from trainer.callbacks import Callback, HFCheckpoint, ModelCheckpoint
 from trainer.strategies import NDParallelStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for layout_support
@@ -109,12 +109,13 @@ class StartLogits(Callback):
         self.logits = logits_of(module)
 
 
-def fit(strategy: Any, module: CausalLM, steps: int = 3, devices: int = 2, callbacks: tuple = ()) -> tuple[Trainer, dict]:
+def fit(strategy: Any, module: CausalLM, steps: int = 3, devices: int = 2, callbacks: tuple = (),
+        checkpointing: bool = False) -> tuple[Trainer, dict]:  # fmt: skip
     """Seeds, trains ``steps`` steps; returns the Trainer and the weights the rank held when training started."""
     seed_everything(0)
     initial = InitialWeights()
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=checkpointing, enable_progress_bar=False, enable_model_summary=False,
                       callbacks=[initial, *callbacks])  # fmt: skip
     trainer.fit(module, DataLoader(dataset(), batch_size=4))
     return trainer, initial.weights
@@ -212,7 +213,10 @@ def train_job(out: Path) -> dict:
     report["gpt2_ddp_logits"] = logits_of(module)
     save_pretrained(module, out / "gpt2_ddp", max_shard_size="60KB")
     module = CausalLM("llama")
-    trainer, report["llama_tp2_initial"] = fit(NDParallelStrategy(dp_shard=1, tp=2), module)
+    # ModelCheckpoint(save_hf=True) beside its (sharded) checkpoint: llama_tp2_mc/trained.hf
+    checkpoint = ModelCheckpoint(out / "llama_tp2_mc", filename="trained", every_n_train_steps=3, save_hf=True)
+    trainer, report["llama_tp2_initial"] = fit(NDParallelStrategy(dp_shard=1, tp=2), module, callbacks=(checkpoint,),
+                                               checkpointing=True)  # fmt: skip
     report["llama_tp2_losses"] = module.losses
     report["llama_tp2_sharded"] = sorted(n for n, p in module.named_parameters() if hasattr(p, "placements"))
     report["llama_tp2_logits"] = logits_of(module)

@@ -1,6 +1,6 @@
 """A job trained and checkpointed by the REAL Hugging Face Accelerate continues here: ``accelerate.Accelerator``
 ``save_state``s (safetensors and ``safe_serialization=False``), then ``trainer.accelerate.Accelerator().load_state``
-restores the same weights, optimizer, scheduler and RNG as Accelerate's own ``load_state``, and the next steps'
+restores the same weights, optimizer, scheduler, registered objects and RNG as Accelerate's own ``load_state``, and the next steps'
 losses equal Accelerate's continuation bitwise (CPU, deterministic)."""
 from __future__ import annotations
 
@@ -21,6 +21,19 @@ def _fresh_accelerate_state():
     AcceleratorState._reset_state(reset_partial_state=True)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+class Counter:
+    """A user's object registered with ``register_for_checkpointing`` (Accelerate's ``custom_checkpoint_0.pkl``)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def state_dict(self) -> dict:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = state["seen"]
 
 
 def _objects(accelerator, seed: int):
@@ -67,13 +80,17 @@ def test_a_real_accelerate_checkpoint_continues_here_as_on_accelerate(tmp_path, 
     folder = tmp_path / "ckpt"
     real = accelerate.Accelerator(cpu=True)
     objects = _objects(real, seed=0)
+    counter = Counter()
+    real.register_for_checkpointing(counter)
     _train(real, *objects, steps=3)
+    counter.seen = 3
     real.save_state(str(folder), safe_serialization=safe)
     assert (folder / ("model.safetensors" if safe else "pytorch_model.bin")).exists()
 
     AcceleratorState._reset_state(reset_partial_state=True)
     real = accelerate.Accelerator(cpu=True)
     objects = _objects(real, seed=1)
+    real.register_for_checkpointing(Counter())
     torch.manual_seed(123)
     real.load_state(str(folder))
     expected = _snapshot(*objects)
@@ -84,8 +101,11 @@ def test_a_real_accelerate_checkpoint_continues_here_as_on_accelerate(tmp_path, 
 
     mine = ours.Accelerator(cpu=True)
     objects = _objects(mine, seed=2)
+    counter = Counter()
+    mine.register_for_checkpointing(counter)
     torch.manual_seed(456)
     mine.load_state(folder)
+    assert counter.seen == 3
     got = _snapshot(*objects)
     for key in ("weights", "optimizer", "lr", "draw"):
         assert _equal(got[key], expected[key]), f"{key} differs from what Accelerate's load_state restores"

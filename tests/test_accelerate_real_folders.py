@@ -111,3 +111,30 @@ def test_a_real_accelerate_checkpoint_continues_here_as_on_accelerate(tmp_path, 
         assert _equal(got[key], expected[key]), f"{key} differs from what Accelerate's load_state restores"
     mine.load_state(folder)
     assert _equal(_train(mine, *objects, steps=3), expected_losses)
+
+
+def test_several_models_and_optimizers_of_a_real_accelerate_checkpoint_load_in_their_order(tmp_path):
+    """Accelerate numbers the files in prepare order (``model.safetensors``, ``model_1.safetensors``, ...)."""
+
+    def prepared(accelerator, seed: int):
+        torch.manual_seed(seed)
+        student, teacher = torch.nn.Linear(4, 2), torch.nn.Linear(4, 3)
+        return accelerator.prepare(student, teacher, torch.optim.Adam(student.parameters(), lr=0.1),
+                                   torch.optim.SGD(teacher.parameters(), lr=0.1, momentum=0.9))  # fmt: skip
+
+    real = accelerate.Accelerator(cpu=True)
+    student, teacher, opt_s, opt_t = prepared(real, seed=0)
+    x = torch.randn(5, 4)
+    real.backward(student(x).sum() + teacher(x).sum())
+    opt_s.step()
+    opt_t.step()
+    real.save_state(str(tmp_path / "ckpt"))
+    assert (tmp_path / "ckpt" / "model_1.safetensors").exists() and (tmp_path / "ckpt" / "optimizer_1.bin").exists()
+
+    mine = ours.Accelerator(cpu=True)
+    objects = prepared(mine, seed=1)
+    mine.load_state(tmp_path / "ckpt")
+    for saved, loaded in zip((student, teacher), objects[:2]):
+        assert _equal(loaded.state_dict(), saved.state_dict())
+    for saved, loaded in zip((opt_s, opt_t), objects[2:]):
+        assert _equal(loaded.state_dict(), saved.state_dict())

@@ -79,11 +79,11 @@ def save_sharded_state(strategy: Strategy, path: Union[str, os.PathLike], conver
     rank 0's. Every rank must call it."""
     from trainer.strategies.checkpoint.sharded_checkpoint import save_sharded
 
-    checkpoint = {key: value for key, value in converted.items() if key not in sharded}
-    checkpoint["state_dict"] = {key: converted[key] for key in sharded}
     if "state_dict" in converted:
         raise ConfigurationError("fabric.save: under a sharded strategy the key 'state_dict' is taken by the folder's "
                                  "shards; rename that entry of the state (e.g. 'model_state').")  # fmt: skip
+    checkpoint = {key: value for key, value in converted.items() if key not in sharded}
+    checkpoint["state_dict"] = {key: converted[key] for key in sharded}
     save_sharded(strategy, checkpoint, Path(path))
     strategy.barrier("fabric.save")
 

@@ -17,10 +17,9 @@ from trainer.accelerate import Accelerator
 JOB = Path(__file__).resolve().parent / "scripts" / "accelerate_trackers_job.py"
 
 
-def _event_tags(folder: Path) -> dict[str, list[str]]:
+def _event_tags(run: Path) -> dict[str, list[str]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    [run] = {path.parent for path in folder.rglob("events.out.tfevents.*")}
     events = EventAccumulator(str(run))
     events.Reload()
     return events.Tags()
@@ -37,8 +36,9 @@ def test_get_tracker_has_accelerates_tracker_api_and_no_hp_metric_is_added(tmp_p
     tracker.log({"x": 1.0, "group": {"a": 2.0}, "note": "text"}, step=0)
     tracker.store_init_configuration({"batch_size": 8})
     accelerator.end_training()
-    tags = _event_tags(tmp_path)
-    assert {"x", "group/a"} <= set(tags["scalars"]) and "hp_metric" not in tags["scalars"]
+    tags = _event_tags(tmp_path / "run")  # Accelerate's folder: project_dir/project_name, no version_N
+    assert "x" in tags["scalars"] and "hp_metric" not in tags["scalars"]
+    assert _event_tags(tmp_path / "run" / "group_a")["scalars"] == ["group"]  # a dict: one chart, as Accelerate
     [hparams] = tmp_path.rglob("hparams.yaml")
     assert "lr: 0.1" in hparams.read_text() and "batch_size: 8" in hparams.read_text()
 
@@ -60,5 +60,5 @@ def test_on_two_processes_only_rank_zero_has_trackers_and_the_others_get_no_ops(
     assert rank0["name"] == "tensorboard" and rank1["name"] == ""  # rank 1's get_tracker: the no-op tracker
     assert rank0["state"] == (2, 0, "MULTI_CPU", "no", "cpu") and rank1["state"] == (2, 1, "MULTI_CPU", "no", "cpu")
     assert rank0["repr"].startswith("Distributed environment: MULTI_CPU  Backend: gloo\nNum processes: 2\n")
-    scalars = set(_event_tags(tmp_path)["scalars"])
+    scalars = set(_event_tags(tmp_path / "run")["scalars"])
     assert scalars == {"loss", "raw", "acc"}  # rank 0's values alone, no hp_metric

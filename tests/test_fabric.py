@@ -39,6 +39,7 @@ def jobs(tmp_path_factory) -> dict[str, tuple[Path, object]]:
         except AssertionError as failure:
             results[name] = (folder, failure)
 
+    tmp_path_factory.getbasetemp()  # made once here: two threads making it at once race in pytest
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         list(pool.map(launch, RUNS))
     return results
@@ -77,6 +78,7 @@ def test_save_and_load_of_a_state_dict_restore_modules_optimizers_and_values(job
         assert report["same_after_load"] and report["same_momentum"]
         assert report["loaded_step"] == report["step"] and report["remainder"] == []
         assert report["reaches_module"]  # attributes, indexing and state-dict keys are the user's module's
+        assert report["saved_as_folder"] == (name == "fsdp")  # FSDP: a sharded folder, each rank its shards
 
 
 def test_collectives_callbacks_loggers_and_print_on_two_ranks(jobs):

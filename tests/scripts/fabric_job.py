@@ -147,7 +147,7 @@ def main() -> None:
     momenta = [[full(o.state[p]["momentum_buffer"]) for p in o.param_groups[0]["params"]]
                for o in (optimizer, fresh_optimizer)]  # fmt: skip
     report = dict(result, world_size=fabric.world_size, rank=fabric.global_rank, epochs=recorder.epochs,
-                  loaded_step=state["step"], remainder=sorted(remainder), saved_keys=sorted(saved),
+                  loaded_step=state["step"], saved_as_folder=(out / "state.ckpt").is_dir(), remainder=sorted(remainder), saved_keys=sorted(saved),
                   gathered=gathered.tolist(), is_global_zero=fabric.is_global_zero,
                   same_momentum=len(momenta[0]) > 0 and all(torch.equal(a, b) for a, b in zip(*momenta)),
                   same_after_load=all(torch.equal(full(a), full(b)) for a, b in

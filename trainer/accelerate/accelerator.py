@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Union
+from typing import Any, Optional, Union
 
 from trainer.accelerate.state import AcceleratorState
 from trainer.engine.engine import Engine
@@ -34,6 +34,32 @@ class Accelerator(Engine):
         """Accelerate's ``AcceleratorState`` of this job (``num_processes``, ``process_index``,
         ``distributed_type``, ``mixed_precision``, ``device``; its ``repr`` is what scripts log)."""
         return AcceleratorState(self)
+
+    def init_trackers(self, project_name: str, config: Optional[dict[str, Any]] = None,
+                      init_kwargs: Optional[dict[str, Any]] = None) -> None:  # fmt: skip
+        """The Engine's ``init_trackers``, with Accelerate's folder: the TensorBoard tracker writes in
+        ``logging_dir/project_name`` itself (no ``version_N``; a rerun adds event files there, as on Accelerate)."""
+        from trainer.engine.trackers import create_trackers
+
+        specs = self._tracker_specs
+        if isinstance(project_name, str) and project_name:
+            folder = self.project_configuration.logging_dir or self.project_dir
+            names = [spec for spec in specs if spec in ("tensorboard", "default")]
+            made = iter(create_trackers(names, folder, project_name, versioned=False))
+            self._tracker_specs = [next(made) if spec in names else spec for spec in specs]
+        try:
+            super().init_trackers(project_name, config, init_kwargs)
+        finally:
+            self._tracker_specs = specs
+
+    def log(self, values: dict[str, Any], step: Optional[int] = None, log_kwargs: Optional[dict] = None) -> None:
+        """Accelerate's ``log``: each tracker's ``log`` (dicts as one TensorBoard chart, strings as text), on the
+        main process."""
+        if log_kwargs:
+            raise ConfigurationError(f"log(log_kwargs={log_kwargs!r}) is not supported: our trackers take values "
+                                     "and step only. Leave log_kwargs out.")  # fmt: skip
+        for tracker in self.trackers:
+            tracker.log(values, step=step)
 
     def load_state(self, input_dir: Union[str, os.PathLike, None] = None, **load_model_func_kwargs: object) -> None:
         """The Engine's ``load_state``; also reads a folder Accelerate's own ``save_state`` wrote

@@ -42,8 +42,10 @@ def check_trackers(loggers: Any) -> list[TrackerSpec]:
     return specs
 
 
-def create_trackers(specs: list[TrackerSpec], project_dir: Union[str, os.PathLike], project_name: str) -> list[Logger]:
-    """The loggers for ``specs``: names become new loggers in ``project_dir/project_name/version_N``."""
+def create_trackers(specs: list[TrackerSpec], project_dir: Union[str, os.PathLike], project_name: str,
+                    versioned: bool = True) -> list[Logger]:
+    """The loggers for ``specs``: names become new loggers in ``project_dir/project_name/version_N``; with
+    ``versioned=False`` the TensorBoard one writes in ``project_dir/project_name`` itself, as Accelerate's does."""
     created: list[Logger] = []
     for spec in specs:
         if isinstance(spec, Logger):
@@ -52,7 +54,8 @@ def create_trackers(specs: list[TrackerSpec], project_dir: Union[str, os.PathLik
             from trainer.loggers.tensorboard_logger import TensorBoardLogger
 
             # Accelerate's tracker records the configuration alone: no hp_metric placeholder (Lightning's).
-            created.append(TensorBoardLogger(project_dir, name=project_name, default_hp_metric=False))
+            version = None if versioned else ""
+            created.append(TensorBoardLogger(project_dir, name=project_name, version=version, default_hp_metric=False))
         else:
             from trainer.loggers.csv_logger import CSVLogger
 
@@ -92,14 +95,17 @@ class Tracker:
         self.logger.log_hyperparams(dict(values))
 
     def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
-        """Log numbers (and one-element tensors) as scalars, dicts of numbers as ``key/sub`` scalars and, on
-        TensorBoard, strings as text."""
+        """Log numbers (and one-element tensors) as scalars and, on TensorBoard, strings as text. A dict of
+        numbers is, on TensorBoard, one chart as Accelerate draws it (``add_scalars``: tag ``key`` in the runs
+        ``<run>/key_<sub>``); on other trackers ``key/sub`` scalars."""
         if kwargs:
             raise ConfigurationError(f"tracker.log(..., {', '.join(kwargs)}=...) is not supported: our trackers take "
                                      "values and step only.")  # fmt: skip
         scalars: dict[str, Any] = {}
         for key, value in values.items():
-            if isinstance(value, dict):
+            if isinstance(value, dict) and hasattr(self.tracker, "add_scalars"):
+                self.tracker.add_scalars(key, dict(value), global_step=step)
+            elif isinstance(value, dict):
                 scalars.update({f"{key}/{sub}": item for sub, item in value.items()})
             elif isinstance(value, str):
                 add_text = getattr(self.tracker, "add_text", None)

@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader
 from trainer.config.plugins import apply_to_strategy, sort_plugins
 from trainer.engine.engine import Engine
 from trainer.engine.wrappers import EngineDataLoader, EngineOptimizer
-from trainer.fabric.state import load_state, save_state, state_of, whole_state_dicts
+from trainer.fabric.state import (load_state, save_sharded_state, save_state, sharded_entries, state_of,
+                                   whole_state_dicts)
 from trainer.fabric.wrappers import FabricModule
 from trainer.loggers.logger import Logger
 from trainer.reproducibility.seed import seed_everything as _seed_everything
@@ -448,11 +449,17 @@ class Fabric:
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Union[str, os.PathLike], state: dict[str, Any], filter: Optional[dict[str, Any]] = None) -> None:
         """Write ``state`` (set-up modules and optimizers become their state dicts, objects with ``state_dict()``
-        theirs, other values stay) to the file ``path``; global rank 0 writes (under a sharded strategy the state
-        dicts are gathered whole first). Every rank must call it."""
+        theirs, other values stay) to the file ``path``; global rank 0 writes. Under FSDP (``state_dict_type=
+        "sharded"``) ``path`` becomes a sharded folder, each rank writing its shards, as Lightning's Fabric;
+        with ``state_dict_type="full"`` the state dicts are gathered into one file. Every rank must call it."""
         if filter is not None:
             raise ConfigurationError("fabric.save(filter=...) is not supported; save a dict holding only what you "
                                      "want, e.g. {'model': model.state_dict()}.")  # fmt: skip
+        if getattr(self.strategy, "state_dict_type", None) == "sharded" and isinstance(path, (str, os.PathLike)):
+            converted = state_of(state, self._prepared_module, self.strategy)
+            sharded = sharded_entries(converted)
+            if sharded:
+                return save_sharded_state(self.strategy, path, converted, sharded)
         with whole_state_dicts(self.strategy):
             save_state(self.strategy, path, state_of(state, self._prepared_module, self.strategy))
 

@@ -1,7 +1,10 @@
 """``Fabric.save(path, state)`` / ``Fabric.load(path, state)``: a dict of set-up modules, optimizers, stateful
 objects and plain values, written through the strategy as one file (global rank 0 writes; read back with
-``weights_only=True``). Under a sharded strategy the state dicts are gathered whole first (Lightning's Fabric
-writes a sharded folder there instead); every rank reads the file and keeps its own slice."""
+``weights_only=True``). Under FSDP (``state_dict_type="sharded"``, the default) it is a sharded folder instead, as
+Lightning's Fabric writes: each rank writes its shards through the strategies' sharded checkpoint IO (DCP), the
+modules' and optimizers' state dicts under the ``state_dict`` section, and each rank reads back only its shards. A
+strategy with ``state_dict_type="full"`` gathers the state dicts whole into one file; every rank reads it and
+keeps its own slice."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +15,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 from torch import nn
 from torch.optim import Optimizer
 
+from trainer.strategies.errors import ConfigurationError
 from trainer.strategies.strategy import Strategy
 
 ModuleOf = Callable[[Any], Optional[nn.Module]]
@@ -61,6 +65,49 @@ def state_of(state: dict[str, Any], module_of: ModuleOf, strategy: Strategy) -> 
     return converted
 
 
+def sharded_entries(converted: dict[str, Any]) -> list[str]:
+    """The keys of ``converted`` whose state dicts hold DTensor shards (FSDP's, tensor parallel's)."""
+    from trainer.strategies.checkpoint.sharded_checkpoint import flatten_tensors, is_dtensor
+
+    return [key for key, value in converted.items()
+            if isinstance(value, dict) and any(is_dtensor(t) for t in flatten_tensors(value).values())]  # fmt: skip
+
+
+def save_sharded_state(strategy: Strategy, path: Union[str, os.PathLike], converted: dict[str, Any],
+                       sharded: list[str]) -> None:  # fmt: skip
+    """Write ``converted`` as a sharded folder at ``path``: the ``sharded`` entries as DCP shards, the rest global
+    rank 0's. Every rank must call it."""
+    from trainer.strategies.checkpoint.sharded_checkpoint import save_sharded
+
+    if "state_dict" in converted:
+        raise ConfigurationError("fabric.save: under a sharded strategy the key 'state_dict' is taken by the folder's "
+                                 "shards; rename that entry of the state (e.g. 'model_state').")  # fmt: skip
+    checkpoint = {key: value for key, value in converted.items() if key not in sharded}
+    checkpoint["state_dict"] = {key: converted[key] for key in sharded}
+    save_sharded(strategy, checkpoint, Path(path))
+    strategy.barrier("fabric.save")
+
+
+def load_sharded_state(strategy: Strategy, path: Path, state: Optional[dict[str, Any]],
+                       module_of: ModuleOf) -> dict[str, Any]:  # fmt: skip
+    """Read the sharded folder ``path``: the entries ``state`` names into this rank's shards of its set-up modules
+    and optimizers (as they are now), anything else whole. Every rank must call it."""
+    from trainer.strategies.checkpoint.sharded_checkpoint import load_sharded
+
+    def templates(sections: dict[str, Any]) -> dict[str, Any]:
+        wanted: dict[str, Any] = {}
+        for key in sections.get("state_dict", {}):
+            obj = (state or {}).get(key)
+            if obj is not None and module_of(obj) is not None:
+                wanted[key] = strategy.module_state_dict(module_of(obj))
+            elif obj is not None and _optimizer(obj) is not None:
+                wanted[key] = strategy.optimizer_state_dict(_optimizer(obj))
+        return {"state_dict": wanted}
+
+    checkpoint = load_sharded(path, templates)
+    return {**checkpoint.pop("state_dict", {}), **checkpoint}
+
+
 def save_state(strategy: Strategy, path: Union[str, os.PathLike], converted: dict[str, Any]) -> None:
     """Write ``converted`` to ``path`` through the strategy, then wait for every rank."""
     if not isinstance(path, (str, os.PathLike)):
@@ -80,7 +127,15 @@ def load_state(strategy: Strategy, path: Union[str, os.PathLike], state: Optiona
     target = Path(path)
     if not target.exists():
         raise FileNotFoundError(f"fabric.load: '{target}' does not exist (written by fabric.save(path, state)?).")
-    checkpoint = strategy.load_checkpoint(target)
+    from trainer.strategies.checkpoint.sharded_checkpoint import is_sharded_checkpoint
+
+    if is_sharded_checkpoint(target):
+        if raw:
+            raise ConfigurationError(f"fabric.load_raw: '{target}' is a sharded folder (fabric.save's under FSDP); "
+                                     "load it with fabric.load(path, state).")  # fmt: skip
+        checkpoint = load_sharded_state(strategy, target, state, module_of)
+    else:
+        checkpoint = strategy.load_checkpoint(target)
     if raw:
         checkpoint = {"_raw": checkpoint}
     if state is None:

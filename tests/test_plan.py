@@ -123,6 +123,23 @@ def test_json_has_one_entry_per_rank_role_with_the_figures(capsys):
     assert 0 < plan["mfu"]["worst"] <= plan["mfu"]["best"] <= 1 and plan["tokens_per_s"]["best"] > 0
 
 
+@pytest.mark.timeout(150)
+def test_compare_sweeps_then_reports_the_fake_rank_plan_of_the_recommendation(capsys):
+    """One planner: the arithmetic sweeps every strategy, the recommended one's figures are its plan_job's."""
+    from trainer.plan.hardware import load_profile
+    from trainer.plan.planner import human_bytes, plan_job
+
+    status, out, err = plan_cli(capsys, "--world-size", "2", "--compare", "--device-memory", "80GB")
+    assert status == 0, err
+    assert "First pass (arithmetic)" in out and all(name in out for name in ("ddp", "zero1", "zero2", "fsdp"))
+    spec = plan_lm.job("fsdp", 2)
+    spec = type(spec)(**{**spec.__dict__, "strategy": "nd_parallel", "dp_replicate": 2, "dp_shard": 1})
+    peak = max(r.step.peak_bytes for role in plan_job(spec, load_profile("h100")).roles for r in role.results)
+    assert f"Use ddp: its plan on fake ranks peaks at {human_bytes(peak)} of 80.00 GiB" in out, out
+    assert "nd_parallel [dp_replicate=2]" in out
+    assert plan_cli(capsys, "--world-size", "2", "--compare", "--json")[0] == 2
+
+
 def test_import_trainer_imports_nothing_of_the_planner():
     code = "import sys, trainer; print(sorted(m for m in sys.modules if m.startswith('trainer.plan')))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env(), capture_output=True, text=True,

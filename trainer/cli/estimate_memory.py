@@ -58,6 +58,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="the modules that begin pipeline stages 1, 2, ...")  # fmt: skip
     parser.add_argument("--microbatches", type=positive_int, default=None, metavar="N", help="default: pp")
     parser.add_argument("--schedule", default="1F1B", choices=SCHEDULES)
+    parser.add_argument("--hardware", default="h100", metavar="NAME|FILE.yaml", help="the fake-rank plan's profile")
     parser.set_defaults(handler=main)
     return parser
 
@@ -85,7 +86,13 @@ def main(args: argparse.Namespace) -> int:
                   example_input=getattr(module, "example_input_array", None))  # fmt: skip
     if all(getattr(args, flag) is None for flag in _LAYOUT_FLAGS) and args.tp_plan is None and args.pipeline == "auto":
         strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
-        print(report(module, args.world_size, args.device_memory, strategies=strategies, **common))
+        print(report(module, args.world_size, None, strategies=strategies, **common))
+        if args.device_memory is not None:
+            from trainer.memory.planner import compare
+            from trainer.plan.compare import strategy_candidates
+
+            estimates = compare(module, args.world_size, strategies=strategies, **common)
+            _recommend(args, lambda base, budget: strategy_candidates(base, estimates, budget))
         return 0
     sizes = {flag: getattr(args, flag) or ([-1] if flag == "dp_shard" else [1]) for flag in _LAYOUT_FLAGS}
     layouts = layouts_for(args.world_size, **sizes)
@@ -93,14 +100,40 @@ def main(args: argparse.Namespace) -> int:
     pipeline = "auto" if args.pipeline == "auto" else [name.strip() for name in args.pipeline.split(",") if name.strip()]
     if pipeline != "auto" and all(layout.pp == 1 for layout in layouts):
         raise ConfigurationError(f"--pipeline {args.pipeline} names pipeline stage boundaries, but no layout has --pp above 1.")
-    print(layout_report(module, layouts, args.device_memory, tp_plan=plan, pipeline=pipeline,
+    print(layout_report(module, layouts, None, tp_plan=plan, pipeline=pipeline,
                         microbatches=args.microbatches, schedule=args.schedule, **common))  # fmt: skip
+    if args.device_memory is not None:
+        from trainer.memory.planner import estimate_layout
+        from trainer.plan.compare import layout_candidates
+
+        kwargs = dict(common, tp_plan=plan, pipeline=pipeline, microbatches=args.microbatches, schedule=args.schedule)
+        estimates = [estimate_layout(module, layout, **kwargs) for layout in layouts]
+        _recommend(args, lambda base, budget: layout_candidates(base, estimates, budget))
     if args.tp_plan == "megatron" and plan:
         from trainer.strategies.nd.tp_plan import format_plan
 
         print("The 'megatron' TP plan, for parallelize_module(model, tp_mesh, {...}):\n    "
               + format_plan(plan).replace("\n", "\n    "))  # fmt: skip
     return 0
+
+
+def _recommend(args: argparse.Namespace, candidates: Any) -> None:
+    """The recommendation: the first-pass rows that fit, planned on fake ranks in order of communication (one planner:
+    the figures printed are those of ``trainer plan``)."""
+    from trainer.cli.plan import _tp_plan as plan_tp_plan
+    from trainer.cli.plan import parse_size
+    from trainer.plan.compare import recommend_planned, recommendation_text
+    from trainer.plan.hardware import load_profile
+    from trainer.plan.job import JobSpec
+    from trainer.plan.module_spec import module_factory
+
+    budget = parse_size(args.device_memory)
+    wrap = tuple(n.strip() for n in args.wrap.split(",") if n.strip())
+    base = JobSpec(build=module_factory(args.module, args.init_args), module_name=args.module,
+                   devices_per_node=args.world_size, precision=args.precision, optimizer=args.optimizer, wrap=wrap,
+                   microbatches=args.microbatches, schedule=args.schedule, tp_plan=plan_tp_plan(args.tp_plan))  # fmt: skip
+    chosen, plan, passed = recommend_planned(candidates(base, budget), load_profile(args.hardware), budget)
+    print(recommendation_text(chosen, plan, passed, budget))
 
 
 def _tp_plan(spec: Any, module: nn.Module, policy: Any) -> Any:

@@ -137,7 +137,8 @@ def test_compare_sweeps_then_reports_the_fake_rank_plan_of_the_recommendation(ca
     peak = max(r.step.peak_bytes for role in plan_job(spec, load_profile("h100")).roles for r in role.results)
     assert f"Use ddp: its plan on fake ranks peaks at {human_bytes(peak)} of 80.00 GiB" in out, out
     assert "nd_parallel [dp_replicate=2]" in out
-    assert plan_cli(capsys, "--world-size", "2", "--compare", "--json")[0] == 2
+    assert "drop --json" in one_error(plan_cli(capsys, "--world-size", "2", "--compare", "--json"))
+    assert "trainer estimate-memory MODULE" in one_error(plan_cli(capsys, "--world-size", "2", "--compare", "--tp", "2"))
 
 
 def test_import_trainer_imports_nothing_of_the_planner():

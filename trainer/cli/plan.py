@@ -124,6 +124,12 @@ def _compare(args: argparse.Namespace, spec: Any, memory: Any) -> int:
 
     if args.json:
         raise ConfigurationError("--compare prints a table; drop --json (or plan one strategy with --strategy).")
+    if (args.dp_replicate, args.dp_shard, args.tp, args.pp) != (1, -1, 1, 1) or args.strategy != "fsdp":
+        raise ConfigurationError(
+            "--compare sweeps the strategies itself, so it takes no --strategy, --dp-replicate, --dp-shard, --tp or "
+            "--pp. To sweep N-D layouts, give each a comma list: trainer estimate-memory MODULE --world-size N "
+            "--tp 1,2,8 --pp 1,4 --tp-plan megatron --device-memory 80GB."
+        )
     hardware = load_profile(args.hardware)
     budget = memory if memory is not None else hardware.memory_bytes
     module = make_module(spec)

@@ -6,7 +6,10 @@
 The class is built on the ``meta`` device (no memory, no weights), so a model far larger than this machine is
 planned in seconds: with no arguments, or with ``--init-args '{"n_layer": 48}'`` (JSON keyword arguments); or
 name a function instead (``file.py:make_model``) that returns the module, built with what it needs; its ``example_input_array``, if set, gives the activations (one
-micro-batch of one data-parallel rank). The figures come from :mod:`trainer.memory.planner`.
+micro-batch of one data-parallel rank). The table is the arithmetic first pass of :mod:`trainer.memory.planner`;
+with ``--device-memory`` the rows that fit are planned on fake ranks in order of communication
+(:mod:`trainer.plan.compare`, as ``trainer plan --compare``) and the first the plan accepts is recommended with
+that plan's figures: one planner, not two.
 
 Without layout flags it compares the strategies (``model_parallel`` means WORLD_SIZE devices in one
 process). With any of ``--dp-replicate``, ``--dp-shard``, ``--tp``, ``--pp`` (each a size or a comma list of
@@ -88,11 +91,12 @@ def main(args: argparse.Namespace) -> int:
         strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
         print(report(module, args.world_size, None, strategies=strategies, **common))
         if args.device_memory is not None:
-            from trainer.memory.planner import compare
+            from trainer.memory.planner import compare, recommend
             from trainer.plan.compare import strategy_candidates
 
             estimates = compare(module, args.world_size, strategies=strategies, **common)
-            _recommend(args, lambda base, budget: strategy_candidates(base, estimates, budget))
+            _recommend(args, lambda base, budget: strategy_candidates(base, estimates, budget),
+                       recommend(estimates, args.device_memory) if "fsdp" in strategies else "")
         return 0
     sizes = {flag: getattr(args, flag) or ([-1] if flag == "dp_shard" else [1]) for flag in _LAYOUT_FLAGS}
     layouts = layouts_for(args.world_size, **sizes)
@@ -117,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recommend(args: argparse.Namespace, candidates: Any) -> None:
+def _recommend(args: argparse.Namespace, candidates: Any, hint: str = "") -> None:
     """The recommendation: the first-pass rows that fit, planned on fake ranks in order of communication (one planner:
     the figures printed are those of ``trainer plan``)."""
     from trainer.cli.plan import _tp_plan as plan_tp_plan
@@ -133,7 +137,7 @@ def _recommend(args: argparse.Namespace, candidates: Any) -> None:
                    devices_per_node=args.world_size, precision=args.precision, optimizer=args.optimizer, wrap=wrap,
                    microbatches=args.microbatches, schedule=args.schedule, tp_plan=plan_tp_plan(args.tp_plan))  # fmt: skip
     chosen, plan, passed = recommend_planned(candidates(base, budget), load_profile(args.hardware), budget)
-    print(recommendation_text(chosen, plan, passed, budget))
+    print(recommendation_text(chosen, plan, passed, budget, hint if hint.startswith("Nothing fits") else ""))
 
 
 def _tp_plan(spec: Any, module: nn.Module, policy: Any) -> Any:

@@ -61,15 +61,17 @@ def recommend_planned(candidates: list[Candidate], hardware: HardwareProfile,
     return None, None, passed
 
 
-def recommendation_text(chosen: Optional[Candidate], plan: Optional[Plan], passed: list[str], budget: int) -> str:
-    """The recommendation with the fake-rank plan's figures (or why nothing was recommended)."""
+def recommendation_text(chosen: Optional[Candidate], plan: Optional[Plan], passed: list[str], budget: int,
+                        hint: str = "") -> str:  # fmt: skip
+    """The recommendation with the fake-rank plan's figures (or why nothing was recommended, then ``hint``: the first
+    pass's advice, e.g. how many devices FSDP would need)."""
     from trainer.plan.report import format_plan
 
     lines = [f"- planned on fake ranks, passed over: {why}" for why in passed]
     if chosen is None or plan is None:
         lines.append(f"Nothing the first pass fits in {human_bytes(budget)} per device was accepted by the fake-rank "
                      "plan: shard more (fsdp, a larger world size), or lower the batch or precision.")  # fmt: skip
-        return "\n".join(lines)
+        return "\n".join(lines + ([hint] if hint else []))
     peak = max(r.step.peak_bytes for role in plan.roles for r in role.results)
     lines.append(f"Use {chosen.label}: its plan on fake ranks peaks at {human_bytes(peak)} of {human_bytes(budget)} "
                  "per device (the least communication among the layouts that fit). Its plan:")  # fmt: skip

@@ -139,3 +139,5 @@ def test_command_recommends_the_first_row_that_fits_with_its_fake_rank_plan(tmp_
     assert main([*args, "30kB"]) == 0
     out = capsys.readouterr().out
     assert "was accepted by the fake-rank plan" in out and "FSDP on about 9 devices would fit" in out, out
+    assert main([*args, "30kB", "--seq-len", "16"]) == 2
+    assert "--seq-len is a flag of trainer plan" in capsys.readouterr().err

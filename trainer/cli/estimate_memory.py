@@ -36,6 +36,9 @@ from trainer.cli.common import command_parser, positive_int
 from trainer.memory.planner import SCHEDULES, STRATEGIES, layout_report, layouts_for, report
 
 _LAYOUT_FLAGS = ("dp_replicate", "dp_shard", "tp", "pp")
+# ``trainer plan``'s flags that this sweep (its activations come from example_input_array) does not take.
+_PLAN_ONLY = ("--nodes", "--devices-per-node", "--micro-batch-size", "--seq-len", "--accumulate",
+              "--global-batch-size", "--activation-checkpointing", "--json")  # fmt: skip
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -62,6 +65,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--microbatches", type=positive_int, default=None, metavar="N", help="default: pp")
     parser.add_argument("--schedule", default="1F1B", choices=SCHEDULES)
     parser.add_argument("--hardware", default="h100", metavar="NAME|FILE.yaml", help="the fake-rank plan's profile")
+    for flag in _PLAN_ONLY:
+        extra: dict[str, Any] = {"action": "store_const", "const": True} if flag == "--json" else {}
+        parser.add_argument(flag, default=None, help=argparse.SUPPRESS, **extra)
     parser.set_defaults(handler=main)
     return parser
 
@@ -78,6 +84,12 @@ def _sizes(text: str) -> list[int]:
 
 def main(args: argparse.Namespace) -> int:
     """Print the table (and the recommendation when ``--device-memory`` is given)."""
+    given = [flag for flag in _PLAN_ONLY if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if given:
+        raise ConfigurationError(
+            f"{' '.join(given)} is a flag of trainer plan, which estimate-memory's sweep does not take. Use "
+            f"trainer plan {args.module} with it: one --strategy and layout, or --compare to sweep the strategies."
+        )
     module = build_module(args.module, args.init_args)
     wrap = {name.strip() for name in args.wrap.split(",") if name.strip()}
     classes = {type(m).__name__: type(m) for m in module.modules()}

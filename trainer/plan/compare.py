@@ -13,7 +13,7 @@ from trainer.strategies.errors import ConfigurationError
 
 # The data-parallel strategies by communication, least first, as the fake-rank plan runs them: DDP's bytes are those
 # of a pure replicate layout (every rank holds everything, gradients all-reduced); ZeRO-1 has no fake-rank set-up.
-_PLANNED_AS = {"ddp": dict(strategy="nd_parallel", dp_replicate=-2, dp_shard=1), "zero2": dict(strategy="zero2"),
+_PLANNED_AS: dict[str, dict[str, Any]] = {"ddp": dict(strategy="nd_parallel", dp_replicate="world", dp_shard=1), "zero2": dict(strategy="zero2"),
                "fsdp": dict(strategy="fsdp")}  # fmt: skip
 
 
@@ -31,7 +31,7 @@ def strategy_candidates(base: JobSpec, estimates: list[Any], budget: int) -> lis
     out = []
     for name, fields in _PLANNED_AS.items():
         if name in rows and rows[name].fits(budget):
-            fields = {k: (base.world_size if v == -2 else v) for k, v in fields.items()}
+            fields = {k: (base.world_size if v == "world" else v) for k, v in fields.items()}
             out.append(Candidate(name, dataclasses.replace(base, **fields)))
     return out
 

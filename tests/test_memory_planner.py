@@ -110,7 +110,34 @@ def test_command_plans_a_model_too_big_to_build(tmp_path):
     assert "8.00 GiB" in ddp  # parameters: 2.1e9 x 4 bytes (float32 master weights)
     fsdp = next(line for line in lines if line.startswith("fsdp")).split()
     assert fsdp[7:9] == ["1.00", "GiB"]  # gathered: two Linear units (one computing, one prefetched) in bf16
-    assert "Use strategy=" in lines[-1]
+    # The recommendation's figures are the fake-rank plan's (one planner): the first row that fits, planned.
+    assert any(line.startswith("Use ddp: its plan on fake ranks peaks at") for line in lines), proc.stdout[-3000:]
+    assert any(line.startswith("Plan of ") and "nd_parallel [dp_replicate=8]" in line for line in lines)
     bad = subprocess.run([sys.executable, "-m", "trainer", "estimate-memory", f"{source}:Missing"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "'Missing' is not an nn.Module class" in bad.stderr
+
+
+def test_command_recommends_the_first_row_that_fits_with_its_fake_rank_plan(tmp_path, capsys):
+    """One planner: the arithmetic table is the first pass; the recommendation's figures are ``trainer plan``'s."""
+    from trainer.cli import main
+
+    source = tmp_path / "stack.py"
+    source.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def make():
+            model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(8)])
+            model.example_input_array = torch.zeros(2, 32)
+            return model
+    """))
+    args = ["estimate-memory", f"{source}:make", "--world-size", "4", "--wrap", "Linear", "--device-memory"]
+    assert main([*args, "100kB"]) == 0
+    out = capsys.readouterr().out
+    assert "Use zero2: its plan on fake ranks peaks at" in out and "zero2 [dp_shard=4]" in out, out
+    assert main([*args, "30kB"]) == 0
+    out = capsys.readouterr().out
+    assert "was accepted by the fake-rank plan" in out and "FSDP on about 9 devices would fit" in out, out
+    assert main([*args, "30kB", "--seq-len", "16"]) == 2
+    assert "--seq-len is a flag of trainer plan" in capsys.readouterr().err

@@ -7,7 +7,7 @@
 ``k8s``        write a Kubeflow PyTorchJob/TrainJob manifest for a Kubernetes cluster
 ``env``        print what the Trainer detects here (cluster, ranks, devices, versions)
 ``checkpoint`` ``consolidate DIR OUT``: one file from a sharded folder; ``export --format hf``: an HF folder
-``estimate-memory``  per-device memory of a module under each strategy, and a recommendation
+``estimate-memory``  per-device memory under each strategy or layout (arithmetic); the recommendation is planned
 ``plan``       a dry run of the whole job on fake ranks: memory, collectives, step time, refusals (exit 2)
 ``lighthouse`` torchft's lighthouse, for fault-tolerant replica groups (``ft_ddp``/``ft_hsdp``)
 =============  ==============================================================================

@@ -6,7 +6,10 @@
 The class is built on the ``meta`` device (no memory, no weights), so a model far larger than this machine is
 planned in seconds: with no arguments, or with ``--init-args '{"n_layer": 48}'`` (JSON keyword arguments); or
 name a function instead (``file.py:make_model``) that returns the module, built with what it needs; its ``example_input_array``, if set, gives the activations (one
-micro-batch of one data-parallel rank). The figures come from :mod:`trainer.memory.planner`.
+micro-batch of one data-parallel rank). The table is the arithmetic first pass of :mod:`trainer.memory.planner`;
+with ``--device-memory`` the rows that fit are planned on fake ranks in order of communication
+(:mod:`trainer.plan.compare`, as ``trainer plan --compare``) and the first the plan accepts is recommended with
+that plan's figures: one planner, not two.
 
 Without layout flags it compares the strategies (``model_parallel`` means WORLD_SIZE devices in one
 process). With any of ``--dp-replicate``, ``--dp-shard``, ``--tp``, ``--pp`` (each a size or a comma list of
@@ -33,6 +36,9 @@ from trainer.cli.common import command_parser, positive_int
 from trainer.memory.planner import SCHEDULES, STRATEGIES, layout_report, layouts_for, report
 
 _LAYOUT_FLAGS = ("dp_replicate", "dp_shard", "tp", "pp")
+# ``trainer plan``'s flags that this sweep (its activations come from example_input_array) does not take.
+_PLAN_ONLY = ("--nodes", "--devices-per-node", "--micro-batch-size", "--seq-len", "--accumulate",
+              "--global-batch-size", "--activation-checkpointing", "--json")  # fmt: skip
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -58,6 +64,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="the modules that begin pipeline stages 1, 2, ...")  # fmt: skip
     parser.add_argument("--microbatches", type=positive_int, default=None, metavar="N", help="default: pp")
     parser.add_argument("--schedule", default="1F1B", choices=SCHEDULES)
+    parser.add_argument("--hardware", default="h100", metavar="NAME|FILE.yaml", help="the fake-rank plan's profile")
+    for flag in _PLAN_ONLY:
+        extra: dict[str, Any] = {"action": "store_const", "const": True} if flag == "--json" else {}
+        parser.add_argument(flag, default=None, help=argparse.SUPPRESS, **extra)
     parser.set_defaults(handler=main)
     return parser
 
@@ -74,6 +84,12 @@ def _sizes(text: str) -> list[int]:
 
 def main(args: argparse.Namespace) -> int:
     """Print the table (and the recommendation when ``--device-memory`` is given)."""
+    given = [flag for flag in _PLAN_ONLY if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if given:
+        raise ConfigurationError(
+            f"{' '.join(given)} is a flag of trainer plan, which estimate-memory's sweep does not take. Use "
+            f"trainer plan {args.module} with it: one --strategy and layout, or --compare to sweep the strategies."
+        )
     module = build_module(args.module, args.init_args)
     wrap = {name.strip() for name in args.wrap.split(",") if name.strip()}
     classes = {type(m).__name__: type(m) for m in module.modules()}
@@ -85,7 +101,14 @@ def main(args: argparse.Namespace) -> int:
                   example_input=getattr(module, "example_input_array", None))  # fmt: skip
     if all(getattr(args, flag) is None for flag in _LAYOUT_FLAGS) and args.tp_plan is None and args.pipeline == "auto":
         strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
-        print(report(module, args.world_size, args.device_memory, strategies=strategies, **common))
+        print(report(module, args.world_size, None, strategies=strategies, **common))
+        if args.device_memory is not None:
+            from trainer.memory.planner import compare, recommend
+            from trainer.plan.compare import strategy_candidates
+
+            estimates = compare(module, args.world_size, strategies=strategies, **common)
+            _recommend(args, lambda base, budget: strategy_candidates(base, estimates, budget),
+                       recommend(estimates, args.device_memory) if "fsdp" in strategies else "")
         return 0
     sizes = {flag: getattr(args, flag) or ([-1] if flag == "dp_shard" else [1]) for flag in _LAYOUT_FLAGS}
     layouts = layouts_for(args.world_size, **sizes)
@@ -93,14 +116,40 @@ def main(args: argparse.Namespace) -> int:
     pipeline = "auto" if args.pipeline == "auto" else [name.strip() for name in args.pipeline.split(",") if name.strip()]
     if pipeline != "auto" and all(layout.pp == 1 for layout in layouts):
         raise ConfigurationError(f"--pipeline {args.pipeline} names pipeline stage boundaries, but no layout has --pp above 1.")
-    print(layout_report(module, layouts, args.device_memory, tp_plan=plan, pipeline=pipeline,
+    print(layout_report(module, layouts, None, tp_plan=plan, pipeline=pipeline,
                         microbatches=args.microbatches, schedule=args.schedule, **common))  # fmt: skip
+    if args.device_memory is not None:
+        from trainer.memory.planner import estimate_layout
+        from trainer.plan.compare import layout_candidates
+
+        kwargs = dict(common, tp_plan=plan, pipeline=pipeline, microbatches=args.microbatches, schedule=args.schedule)
+        estimates = [estimate_layout(module, layout, **kwargs) for layout in layouts]
+        _recommend(args, lambda base, budget: layout_candidates(base, estimates, budget))
     if args.tp_plan == "megatron" and plan:
         from trainer.strategies.nd.tp_plan import format_plan
 
         print("The 'megatron' TP plan, for parallelize_module(model, tp_mesh, {...}):\n    "
               + format_plan(plan).replace("\n", "\n    "))  # fmt: skip
     return 0
+
+
+def _recommend(args: argparse.Namespace, candidates: Any, hint: str = "") -> None:
+    """The recommendation: the first-pass rows that fit, planned on fake ranks in order of communication (one planner:
+    the figures printed are those of ``trainer plan``)."""
+    from trainer.cli.plan import _tp_plan as plan_tp_plan
+    from trainer.cli.plan import parse_size
+    from trainer.plan.compare import recommend_planned, recommendation_text
+    from trainer.plan.hardware import load_profile
+    from trainer.plan.job import JobSpec
+    from trainer.plan.module_spec import module_factory
+
+    budget = parse_size(args.device_memory)
+    wrap = tuple(n.strip() for n in args.wrap.split(",") if n.strip())
+    base = JobSpec(build=module_factory(args.module, args.init_args), module_name=args.module,
+                   devices_per_node=args.world_size, precision=args.precision, optimizer=args.optimizer, wrap=wrap,
+                   microbatches=args.microbatches, schedule=args.schedule, tp_plan=plan_tp_plan(args.tp_plan))  # fmt: skip
+    chosen, plan, passed = recommend_planned(candidates(base, budget), load_profile(args.hardware), budget)
+    print(recommendation_text(chosen, plan, passed, budget, hint if hint.startswith("Nothing fits") else ""))
 
 
 def _tp_plan(spec: Any, module: nn.Module, policy: Any) -> Any:

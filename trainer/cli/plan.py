@@ -51,6 +51,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--device-memory", default=None, metavar="SIZE", help="e.g. 80GB (default: the profile's)")
     parser.add_argument("--hardware", default="h100", metavar="NAME|FILE.yaml")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--compare", action="store_true",
+                        help="sweep the strategies (ddp, zero1, zero2, fsdp, model_parallel) with the fast arithmetic, "
+                             "then plan on fake ranks the one with the least communication that fits")  # fmt: skip
     parser.set_defaults(handler=main)
     return parser
 
@@ -105,6 +108,34 @@ def main(args: argparse.Namespace) -> int:
 
     spec = job_from_args(args)
     memory = parse_size(args.device_memory) if args.device_memory else None
+    if args.compare:
+        return _compare(args, spec, memory)
     plan = plan_job(spec, load_profile(args.hardware), world_size=args.world_size, device_memory=memory)
     print(json.dumps(plan.as_dict(), indent=1) if args.json else format_plan(plan))
     return 0
+
+
+def _compare(args: argparse.Namespace, spec: Any, memory: Any) -> int:
+    """``--compare``: the first pass's table of every strategy, then the recommendation planned on fake ranks."""
+    from trainer.memory.planner import compare, format_table
+    from trainer.plan.compare import recommend_planned, recommendation_text, strategy_candidates
+    from trainer.plan.hardware import load_profile
+    from trainer.plan.job import make_module
+
+    if args.json:
+        raise ConfigurationError("--compare prints a table; drop --json (or plan one strategy with --strategy).")
+    if (args.dp_replicate, args.dp_shard, args.tp, args.pp) != (1, -1, 1, 1) or args.strategy != "fsdp":
+        raise ConfigurationError(
+            "--compare sweeps the strategies itself, so it takes no --strategy, --dp-replicate, --dp-shard, --tp or "
+            "--pp. To sweep N-D layouts, give each a comma list: trainer estimate-memory MODULE --world-size N "
+            "--tp 1,2,8 --pp 1,4 --tp-plan megatron --device-memory 80GB."
+        )
+    hardware = load_profile(args.hardware)
+    budget = memory if memory is not None else hardware.memory_bytes
+    module = make_module(spec)
+    estimates = compare(module, spec.world_size, precision=spec.precision, optimizer=spec.optimizer,
+                        example_input=getattr(module, "example_input_array", None))  # fmt: skip
+    print(f"First pass (arithmetic), per device at world size {spec.world_size}:\n{format_table(estimates)}")
+    chosen, plan, passed = recommend_planned(strategy_candidates(spec, estimates, budget), hardware, budget)
+    print(recommendation_text(chosen, plan, passed, budget))
+    return 0 if plan is not None else 2

@@ -22,10 +22,7 @@ returning the plan dict, called with the (meta) module. ``--pipeline`` names the
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +30,7 @@ from torch import nn
 
 from trainer.strategies.errors import ConfigurationError
 from trainer.cli.common import command_parser, positive_int
+from trainer.plan.module_spec import load_object
 from trainer.memory.planner import SCHEDULES, STRATEGIES, layout_report, layouts_for, report
 
 _LAYOUT_FLAGS = ("dp_replicate", "dp_shard", "tp", "pp")
@@ -207,33 +205,4 @@ def build_module(spec: str, init_args: Any = None) -> nn.Module:
     if not isinstance(module, nn.Module):
         raise ConfigurationError(f"'{spec}' returned {type(module).__name__}, not an nn.Module.")
     return module
-
-
-def load_object(spec: str, kind: str) -> Any:
-    """``path/to/module.py:NAME`` or ``package.module:NAME`` → an ``nn.Module`` class (``kind="class"``), a
-    function (``kind="function"``), or either (``kind="module"``)."""
-    target, _, name = spec.partition(":")
-    if not name:
-        raise ConfigurationError(f"'{spec}' must be 'path/to/file.py:Name' or 'package.module:Name'.")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise ConfigurationError(f"'{target}' does not exist.")
-        sys.path.insert(0, str(path.resolve().parent))
-        spec_obj = importlib.util.spec_from_file_location(path.stem, path)
-        loaded = importlib.util.module_from_spec(spec_obj)
-        sys.modules[spec_obj.name] = loaded  # dataclasses and pickling look their module up there
-        spec_obj.loader.exec_module(loaded)
-    else:
-        loaded = importlib.import_module(target)
-    found: Any = getattr(loaded, name, None)
-    if kind == "class" and not (isinstance(found, type) and issubclass(found, nn.Module)):
-        raise ConfigurationError(f"'{spec}': {name!r} is not an nn.Module class in {target}.")
-    if kind == "module" and not (isinstance(found, type) and issubclass(found, nn.Module)
-                                 or callable(found) and not isinstance(found, type)):  # fmt: skip
-        raise ConfigurationError(f"'{spec}': {name!r} is not an nn.Module class in {target}, nor a function "
-                                 "returning one.")  # fmt: skip
-    if kind == "function" and not (callable(found) and not isinstance(found, type)):
-        raise ConfigurationError(f"'{spec}': {name!r} is not a function in {target}.")
-    return found
 

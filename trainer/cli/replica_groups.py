@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from trainer.strategies.errors import ConfigurationError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import warnings
 from typing import Any, Iterable
 
 import torch
@@ -57,6 +58,9 @@ def _loss_of(output: Any) -> Tensor:
 
 
 def _tracker(strategy: Any, optimizers: list[Optimizer]) -> Any:
+    # torch's module tracker warns on FSDP's redirected forward that its hierarchy "may be messed up"; the plan
+    # reads totals, not the hierarchy, so the warning would only alarm the user
+    warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
     from torch.distributed._tools import FSDPMemTracker, MemTracker
     from torch.distributed.fsdp import FSDPModule
 

@@ -320,3 +320,29 @@ def test_a_worker_init_fn_that_sets_up_the_dataset_still_reaches_the_users_datas
     batches = [batch.tolist() for batch in TrainDataPosition().iterator(loader, 0)]
     assert batches == [[100, 101, 102, 103], [104, 105, 106, 107]]
     assert type(loader.dataset) is Opened  # the user's loader is left as it was
+
+
+# ------------------------------------------------------------------- datasets that keep their own state, per rank
+DATASET_SCRIPT = Path(__file__).parent / "scripts" / "stateful_dataset_fit.py"
+
+
+def fit_dataset(root: Path, kind: str, *args: str, expect: int = 0) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, str(DATASET_SCRIPT), str(root), str(root / "steps"), kind, *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == expect, proc.stderr[-3000:]
+    assert "read again and dropped" not in proc.stderr  # positioned from each rank's own state, never replayed
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("kind", ["--streaming", "--custom"])
+def test_two_ranks_over_a_stateful_dataset_resume_each_from_its_own_position(tmp_path: Path, kind: str) -> None:
+    if kind == "--streaming":
+        pytest.importorskip("datasets", reason="Hugging Face datasets is not installed (extra 'hf')")
+    fit_dataset(tmp_path / "reference", kind)
+    fit_dataset(tmp_path / "run", kind, "--kill-batch", "9", expect=KILLED)  # the fourth of 6 batches, epoch 2
+    fit_dataset(tmp_path / "run", kind, "--resume")
+    for rank in range(2):  # the killed run's steps, then the resumed run's: bitwise the uninterrupted run's
+        assert steps(tmp_path / "run", rank) == steps(tmp_path / "reference", rank)
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert len(checkpoint["train_sampler"]["dataset_states"]) == 2  # one entry per rank

@@ -346,3 +346,51 @@ def test_two_ranks_over_a_stateful_dataset_resume_each_from_its_own_position(tmp
         assert steps(tmp_path / "run", rank) == steps(tmp_path / "reference", rank)
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert len(checkpoint["train_sampler"]["dataset_states"]) == 2  # one entry per rank
+
+
+class Counting(IterableDataset):
+    """Yields 0..11; its state is the next number."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def __iter__(self):
+        while self.next < 12:
+            self.next += 1
+            yield self.next - 1
+        self.next = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next = state["next"]
+
+
+def test_a_dataset_state_saved_at_two_ranks_resumed_at_one_warns_by_name_and_replays() -> None:
+    from trainer.checkpoint.data_position import TrainDataPosition
+
+    saving = TrainDataPosition()
+    saving.rank, saving.world_size = 0, 2
+    batches = saving.iterator(DataLoader(Counting(), batch_size=2), epoch=0)
+    next(batches), next(batches), next(batches)  # the loop reads one batch ahead of the 2 it finished
+    saved = saving.state_dict(gather=lambda own: [own, own], consumed=2)
+    assert [count for count, _ in saved["dataset_states"][1]["states"]] == [2, 3]
+
+    resuming = TrainDataPosition()
+    with pytest.warns(UserWarning, match=r"Counting \(in a DataLoader\) kept its state for 2 rank\(s\).*1"):
+        rest = list(resuming.iterator(DataLoader(Counting(), batch_size=2), epoch=0, skip=2, saved=saved))
+    assert [b.tolist() for b in rest] == [[4, 5], [6, 7], [8, 9], [10, 11]]  # replayed: nothing silently skipped
+
+
+def test_the_same_trainer_continuing_its_epoch_at_two_ranks_reads_its_own_dataset_state() -> None:
+    from trainer.checkpoint.data_position import TrainDataPosition
+
+    position = TrainDataPosition()
+    position.rank, position.world_size = 1, 2
+    batches = position.iterator(DataLoader(Counting(), batch_size=2), epoch=0)
+    next(batches), next(batches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # positioned from its state, not replayed
+        rest = list(position.iterator(DataLoader(Counting(), batch_size=2), 0, 2, position.state_dict()))
+    assert [b.tolist() for b in rest] == [[4, 5], [6, 7], [8, 9], [10, 11]]

@@ -15,7 +15,8 @@ index), so random augmentation resumes exactly with any number of workers.
 A loader that keeps its own position (``state_dict()``/``load_state_dict()``: torchdata's ``StatefulDataLoader``
 and the like) is saved per rank through that state and restored from it. An ``IterableDataset`` with its own
 ``state_dict()`` (``datasets.IterableDataset``) loaded in this process continues from the state it had after the
-finished batches (:mod:`trainer.checkpoint.dataset_state`). Anything else (another ``IterableDataset``, a plain
+finished batches (:mod:`trainer.checkpoint.dataset_state`), saved per rank too (``dataset_states``: each rank's
+dataset may read its own shard, e.g. split by ``split_dataset_by_node``). Anything else (another ``IterableDataset``, a plain
 iterable of batches) cannot be positioned: its iterator is rebuilt from the random state captured before the
 epoch's ``iter()`` and the finished batches are read again and dropped, with a warning naming it.
 

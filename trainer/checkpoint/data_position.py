@@ -16,8 +16,8 @@ A loader that keeps its own position (``state_dict()``/``load_state_dict()``: to
 and the like) is saved per rank through that state and restored from it. An ``IterableDataset`` with its own
 ``state_dict()`` (``datasets.IterableDataset``) loaded in this process continues from the state it had after the
 finished batches (:mod:`trainer.checkpoint.dataset_state`), saved per rank too (``dataset_states``: each rank's
-dataset may read its own shard, e.g. split by ``split_dataset_by_node``). Anything else (another ``IterableDataset``, a plain
-iterable of batches) cannot be positioned: its iterator is rebuilt from the random state captured before the
+dataset may read its own shard, e.g. split by ``split_dataset_by_node``). Anything else (another ``IterableDataset``,
+a plain iterable of batches) cannot be positioned: its iterator is rebuilt from the random state captured before the
 epoch's ``iter()`` and the finished batches are read again and dropped, with a warning naming it.
 
 A :class:`~trainer.data.combined_loader.CombinedLoader` is positioned loader by loader: each has its own position
@@ -409,7 +409,8 @@ class TrainDataPosition:
             state["loader_states"] = gather(own) if gather is not None else self._this_rank_only(own)
         if self._dataset_state is not None:  # every rank's: each rank's dataset reads its own shard
             own_dataset = self._dataset_state.state_dict()
-            state["dataset_states"] = gather(own_dataset) if gather is not None else self._this_rank_only(own_dataset)
+            state["dataset_states"] = (gather(own_dataset) if gather is not None
+                                       else self._this_rank_only(own_dataset))  # fmt: skip
         return state
 
     def _this_rank_only(self, value: Any) -> list[Any]:

@@ -381,6 +381,8 @@ def test_a_dataset_state_saved_at_two_ranks_resumed_at_one_warns_by_name_and_rep
     with pytest.warns(UserWarning, match=r"Counting \(in a DataLoader\) kept its state for 2 rank\(s\).*1"):
         rest = list(resuming.iterator(DataLoader(Counting(), batch_size=2), epoch=0, skip=2, saved=saved))
     assert [b.tolist() for b in rest] == [[4, 5], [6, 7], [8, 9], [10, 11]]  # replayed: nothing silently skipped
+    after = resuming.state_dict(consumed=6)["dataset_states"][0]["states"]
+    assert [count for count, _ in after] == [5, 6]  # tracked through the replay: the next resume is positioned
 
 
 def test_the_same_trainer_continuing_its_epoch_at_two_ranks_reads_its_own_dataset_state() -> None:

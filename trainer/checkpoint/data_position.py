@@ -303,7 +303,7 @@ class TrainDataPosition:
             holder = _own_state_holder(loader) if own is None else None
             if holder is not None:
                 return self._from_own_state(loader, holder, epoch, skip, saved, start)
-            return self._replayed(loader, skip, start, why)
+            return self._replayed(loader, skip, start, why, own)
         # Only workers seed per sample: the main process draws from the training's stream, which checkpoints hold.
         workers = getattr(loader, "num_workers", 0) > 0
         sampler.seed_base = epoch_seed(self._run_seed(), epoch) if self.sample_seeds and workers else None
@@ -352,13 +352,15 @@ class TrainDataPosition:
             self.run_seed = torch.initial_seed()
         return self.run_seed
 
-    def _replayed(self, loader: Any, skip: int, start: Optional[dict[str, Any]], why: str = "") -> Iterator[Any]:
+    def _replayed(self, loader: Any, skip: int, start: Optional[dict[str, Any]], why: str = "",
+                  own: Optional[DatasetState] = None) -> Iterator[Any]:  # fmt: skip
         self._sampler = None
         generators = loader_generators(loader)
         if skip and start is not None:
             _restore(start, generators)
         self._replay_state = _capture(generators)
-        iterator = iter(loader)
+        # a stateful dataset is tracked from the epoch's start, so the checkpoints after the replay hold its state
+        iterator = own.iterator(loader, 0, None) if own is not None else iter(loader)
         if skip:
             if not self._warned_replay:
                 self._warned_replay = True

@@ -320,3 +320,79 @@ def test_a_worker_init_fn_that_sets_up_the_dataset_still_reaches_the_users_datas
     batches = [batch.tolist() for batch in TrainDataPosition().iterator(loader, 0)]
     assert batches == [[100, 101, 102, 103], [104, 105, 106, 107]]
     assert type(loader.dataset) is Opened  # the user's loader is left as it was
+
+
+# ------------------------------------------------------------------- datasets that keep their own state, per rank
+DATASET_SCRIPT = Path(__file__).parent / "scripts" / "stateful_dataset_fit.py"
+
+
+def fit_dataset(root: Path, kind: str, *args: str, expect: int = 0) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, str(DATASET_SCRIPT), str(root), str(root / "steps"), kind, *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == expect, proc.stderr[-3000:]
+    assert "read again and dropped" not in proc.stderr  # positioned from each rank's own state, never replayed
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("kind", ["--streaming", "--custom"])
+def test_two_ranks_over_a_stateful_dataset_resume_each_from_its_own_position(tmp_path: Path, kind: str) -> None:
+    if kind == "--streaming":
+        pytest.importorskip("datasets", reason="Hugging Face datasets is not installed (extra 'hf')")
+    fit_dataset(tmp_path / "reference", kind)
+    fit_dataset(tmp_path / "run", kind, "--kill-batch", "9", expect=KILLED)  # the fourth of 6 batches, epoch 2
+    fit_dataset(tmp_path / "run", kind, "--resume")
+    for rank in range(2):  # the killed run's steps, then the resumed run's: bitwise the uninterrupted run's
+        assert steps(tmp_path / "run", rank) == steps(tmp_path / "reference", rank)
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert len(checkpoint["train_sampler"]["dataset_states"]) == 2  # one entry per rank
+
+
+class Counting(IterableDataset):
+    """Yields 0..11; its state is the next number."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def __iter__(self):
+        while self.next < 12:
+            self.next += 1
+            yield self.next - 1
+        self.next = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next = state["next"]
+
+
+def test_a_dataset_state_saved_at_two_ranks_resumed_at_one_warns_by_name_and_replays() -> None:
+    from trainer.checkpoint.data_position import TrainDataPosition
+
+    saving = TrainDataPosition()
+    saving.rank, saving.world_size = 0, 2
+    batches = saving.iterator(DataLoader(Counting(), batch_size=2), epoch=0)
+    next(batches), next(batches), next(batches)  # the loop reads one batch ahead of the 2 it finished
+    saved = saving.state_dict(gather=lambda own: [own, own], consumed=2)
+    assert [count for count, _ in saved["dataset_states"][1]["states"]] == [2, 3]
+
+    resuming = TrainDataPosition()
+    with pytest.warns(UserWarning, match=r"Counting \(in a DataLoader\) kept its state for 2 rank\(s\).*1"):
+        rest = list(resuming.iterator(DataLoader(Counting(), batch_size=2), epoch=0, skip=2, saved=saved))
+    assert [b.tolist() for b in rest] == [[4, 5], [6, 7], [8, 9], [10, 11]]  # replayed: nothing silently skipped
+    after = resuming.state_dict(consumed=6)["dataset_states"][0]["states"]
+    assert [count for count, _ in after] == [5, 6]  # tracked through the replay: the next resume is positioned
+
+
+def test_the_same_trainer_continuing_its_epoch_at_two_ranks_reads_its_own_dataset_state() -> None:
+    from trainer.checkpoint.data_position import TrainDataPosition
+
+    position = TrainDataPosition()
+    position.rank, position.world_size = 1, 2
+    batches = position.iterator(DataLoader(Counting(), batch_size=2), epoch=0)
+    next(batches), next(batches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # positioned from its state, not replayed
+        rest = list(position.iterator(DataLoader(Counting(), batch_size=2), 0, 2, position.state_dict()))
+    assert [b.tolist() for b in rest] == [[4, 5], [6, 7], [8, 9], [10, 11]]

@@ -96,7 +96,8 @@ def test_a_streaming_dataset_resumes_mid_epoch_exactly_through_its_own_state(tmp
         resumed = run(tmp_path / "run", resume=True)
     assert resumed.seen == reference.seen[crash_after * 4:]  # nothing replayed into the step, nothing skipped
     checkpoint = torch.load(tmp_path / "run" / "ck" / "last.ckpt", weights_only=False)
-    (_, state), (count, last) = checkpoint["train_sampler"]["dataset"]["states"]  # the dataset's own state_dict()s
+    rank_zero = checkpoint["train_sampler"]["dataset_states"][0]  # the dataset's own state_dict()s, one entry per rank
+    (_, state), (count, last) = rank_zero["states"]
     assert count == per_epoch and last["examples_iterable"]["shard_example_idx"] == ROWS and last["epoch"] == 1
 
 

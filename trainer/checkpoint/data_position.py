@@ -15,8 +15,9 @@ index), so random augmentation resumes exactly with any number of workers.
 A loader that keeps its own position (``state_dict()``/``load_state_dict()``: torchdata's ``StatefulDataLoader``
 and the like) is saved per rank through that state and restored from it. An ``IterableDataset`` with its own
 ``state_dict()`` (``datasets.IterableDataset``) loaded in this process continues from the state it had after the
-finished batches (:mod:`trainer.checkpoint.dataset_state`). Anything else (another ``IterableDataset``, a plain
-iterable of batches) cannot be positioned: its iterator is rebuilt from the random state captured before the
+finished batches (:mod:`trainer.checkpoint.dataset_state`), saved per rank too (``dataset_states``: each rank's
+dataset may read its own shard, e.g. split by ``split_dataset_by_node``). Anything else (another ``IterableDataset``,
+a plain iterable of batches) cannot be positioned: its iterator is rebuilt from the random state captured before the
 epoch's ``iter()`` and the finished batches are read again and dropped, with a warning naming it.
 
 A :class:`~trainer.data.combined_loader.CombinedLoader` is positioned loader by loader: each has its own position
@@ -291,15 +292,18 @@ class TrainDataPosition:
             )
         own = DatasetState.of(loader)  # a dataset that keeps its own position (datasets' IterableDataset)
         self._dataset_state = own
-        if own is not None and (not skip or own.can_resume(skip, saved.get("dataset") if start is not None else None)):
-            self._replay_state = _capture(loader_generators(loader))
-            self._sampler = None
-            return own.iterator(loader, skip, saved.get("dataset") if skip else None)
+        why = ""
+        if own is not None:
+            mine, why = self._dataset_saved(saved if start is not None else None) if skip else (None, "")
+            if not skip or own.can_resume(skip, mine):
+                self._replay_state = _capture(loader_generators(loader))
+                self._sampler = None
+                return own.iterator(loader, skip, mine)
         if sampler is None:
-            holder = _own_state_holder(loader)
+            holder = _own_state_holder(loader) if own is None else None
             if holder is not None:
                 return self._from_own_state(loader, holder, epoch, skip, saved, start)
-            return self._replayed(loader, skip, start)
+            return self._replayed(loader, skip, start, why, own)
         # Only workers seed per sample: the main process draws from the training's stream, which checkpoints hold.
         workers = getattr(loader, "num_workers", 0) > 0
         sampler.seed_base = epoch_seed(self._run_seed(), epoch) if self.sample_seeds and workers else None
@@ -315,6 +319,20 @@ class TrainDataPosition:
         if sampler.positioned is not None:
             sampler.positioned.prime()
         return iterator
+
+    def _dataset_saved(self, saved: Optional[dict[str, Any]]) -> tuple[Optional[dict[str, Any]], str]:
+        """This rank's saved dataset states (``dataset_states``: one entry per rank), or ``None`` and why not."""
+        if saved is None:
+            return None, "has state_dict() but the checkpoint recorded none for this epoch"
+        states = saved.get("dataset_states")
+        if states is None and saved.get("dataset") is not None:  # a checkpoint from before per-rank dataset states
+            states = [saved["dataset"]]
+        if states is None:
+            return None, "has state_dict() but the checkpoint recorded none for this epoch"
+        if len(states) != self.world_size:
+            return None, (f"kept its state for {len(states)} rank(s), which cannot be dealt to {self.world_size} "
+                          "(each rank's dataset holds its own shard)")  # fmt: skip
+        return states[self.rank], ""
 
     def _index_sampler(self, loader: DataLoader, attribute: str) -> _IndexSampler:
         if self._loader is not loader or self._sampler is None:
@@ -334,13 +352,15 @@ class TrainDataPosition:
             self.run_seed = torch.initial_seed()
         return self.run_seed
 
-    def _replayed(self, loader: Any, skip: int, start: Optional[dict[str, Any]], why: str = "") -> Iterator[Any]:
+    def _replayed(self, loader: Any, skip: int, start: Optional[dict[str, Any]], why: str = "",
+                  own: Optional[DatasetState] = None) -> Iterator[Any]:  # fmt: skip
         self._sampler = None
         generators = loader_generators(loader)
         if skip and start is not None:
             _restore(start, generators)
         self._replay_state = _capture(generators)
-        iterator = iter(loader)
+        # a stateful dataset is tracked from the epoch's start, so the checkpoints after the replay hold its state
+        iterator = own.iterator(loader, 0, None) if own is not None else iter(loader)
         if skip:
             if not self._warned_replay:
                 self._warned_replay = True
@@ -388,10 +408,16 @@ class TrainDataPosition:
         if self._holder is not None:
             trail = self._trail
             own = trail.state(consumed) if trail is not None and trail.holder is self._holder else self._holder.state_dict()
-            state["loader_states"] = gather(own) if gather is not None else [own]
-        if self._dataset_state is not None:
-            state["dataset"] = self._dataset_state.state_dict()
+            state["loader_states"] = gather(own) if gather is not None else self._this_rank_only(own)
+        if self._dataset_state is not None:  # every rank's: each rank's dataset reads its own shard
+            own_dataset = self._dataset_state.state_dict()
+            state["dataset_states"] = (gather(own_dataset) if gather is not None
+                                       else self._this_rank_only(own_dataset))  # fmt: skip
         return state
+
+    def _this_rank_only(self, value: Any) -> list[Any]:
+        # Not gathered (the same process continues its epoch): this rank's entry is the one it will read back.
+        return [value if rank == self.rank else None for rank in range(self.world_size)]
 
 
 class _StateTrail:

@@ -6,7 +6,8 @@ Applies to a ``DataLoader`` that loads in this process (``num_workers=0``: the d
 is this one, so its ``state_dict()`` is the loader's position) over a dataset with ``state_dict()`` and
 ``load_state_dict()``. The epoch loop may read one batch ahead of the step it runs, so the dataset's state is
 recorded after each batch the iterator hands out, and a checkpoint keeps the last two with their batch counts: the
-resume picks the one matching the batches the loop finished.
+resume picks the one matching the batches the loop finished. Every rank keeps its own (its dataset may read
+its own shard): :mod:`trainer.checkpoint.data_position` gathers them into one entry per rank.
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Trainer, TrainModule
+from trainer.callbacks import Callback
 
 
 def regression_data(n: int = 64, features: int = 4, seed: int = 0) -> TensorDataset:
@@ -61,3 +62,15 @@ def quiet_trainer(**kwargs: Any) -> Trainer:
                    accelerator="cpu", devices=1)  # fmt: skip
     options.update(kwargs)
     return Trainer(**options)
+
+
+class Crash(Callback):
+    """Raises ``RuntimeError("simulated crash")`` as the fit reaches its ``after_batches``-th batch (counted over the
+    whole fit): a run that stops mid-epoch, for the resume tests."""
+
+    def __init__(self, after_batches: int) -> None:
+        self.after_batches = after_batches
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.fit_loop.progress.total_batches == self.after_batches:
+            raise RuntimeError("simulated crash")

@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from trainer.callbacks import Callback, ModelCheckpoint
+from trainer.callbacks import ModelCheckpoint
+
 from ckpt_support import TinyRegressor, make_trainer, same_weights
+from helpers import Crash
 
 
 class Recorded(Dataset):
@@ -35,15 +37,6 @@ class Streamed(IterableDataset):
     def __iter__(self):
         order = torch.randperm(20).tolist()  # draws from the global RNG, like random augmentation would
         return (self.data[i] for i in order)
-
-
-class Crash(Callback):
-    def __init__(self, after_batches: int) -> None:
-        self.after_batches = after_batches
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.fit_loop.progress.total_batches == self.after_batches:
-            raise RuntimeError("simulated crash")
 
 
 def run(root: Path, make_loader, crash_after: int = 0, resume: bool = False, **kwargs) -> tuple[TinyRegressor, Any]:

@@ -24,6 +24,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSamp
                               SequentialSampler, TensorDataset)
 
 from ckpt_support import TinyRegressor, make_trainer, same_weights
+from helpers import Crash
 from trainer import Engine, TrainModule
 from trainer.callbacks import Callback, ModelCheckpoint
 from trainer.data.epoch_order import order_record, rest_of_epoch
@@ -148,15 +149,6 @@ def test_saved_at_two_ranks_resumed_at_another_world_size_sees_every_sample_of_t
 
 
 # ------------------------------------------------------------------------------ loaders that keep their own state
-class Crash(Callback):
-    def __init__(self, after_batches: int) -> None:
-        self.after_batches = after_batches
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.fit_loop.progress.total_batches == self.after_batches:
-            raise RuntimeError("simulated crash")
-
-
 class DictRegressor(TinyRegressor):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return super().training_step((batch["x"], batch["y"]), batch_idx)
@@ -192,7 +184,7 @@ def test_torchdata_stateful_dataloader_resumes_from_its_own_state(tmp_path: Path
 
 
 def test_streaming_hugging_face_dataset_resumes_from_its_own_state(tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets", reason="Hugging Face datasets is not installed (extra 'hf')")
+    datasets = pytest.importorskip("datasets", reason="Hugging Face datasets is not installed (extra 'data')")
     def rows():
         data = blobs(24)
         for i in range(24):
@@ -338,7 +330,7 @@ def fit_dataset(root: Path, kind: str, *args: str, expect: int = 0) -> None:
 @pytest.mark.parametrize("kind", ["--streaming", "--custom"])
 def test_two_ranks_over_a_stateful_dataset_resume_each_from_its_own_position(tmp_path: Path, kind: str) -> None:
     if kind == "--streaming":
-        pytest.importorskip("datasets", reason="Hugging Face datasets is not installed (extra 'hf')")
+        pytest.importorskip("datasets", reason="Hugging Face datasets is not installed (extra 'data')")
     fit_dataset(tmp_path / "reference", kind)
     fit_dataset(tmp_path / "run", kind, "--kill-batch", "9", expect=KILLED)  # the fourth of 6 batches, epoch 2
     fit_dataset(tmp_path / "run", kind, "--resume")

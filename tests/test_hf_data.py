@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from trainer import TrainModule
-from trainer.callbacks import Callback, ModelCheckpoint
+from trainer.callbacks import ModelCheckpoint
+
+from helpers import Crash
 from ckpt_support import make_trainer
 
 datasets = pytest.importorskip("datasets", reason="datasets is not installed (the data extra, installed by make test)")
@@ -50,15 +52,6 @@ class TinyLM(TrainModule):
 def streamed() -> Any:
     # (no shuffle buffer: datasets does not save its contents, so a resume with one is not exact, by its design)
     return datasets.IterableDataset.from_generator(documents).with_format("torch")
-
-
-class Crash(Callback):
-    def __init__(self, after_batches: int) -> None:
-        self.after_batches = after_batches
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.fit_loop.progress.total_batches == self.after_batches:
-            raise RuntimeError("simulated crash")
 
 
 def run(root: Path, crash_after: int = 0, resume: bool = False) -> TinyLM:

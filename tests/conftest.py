@@ -1,8 +1,11 @@
 """Shared fixtures: one thread per test process, and every test runs in its own temporary folder so
-default_root_dir, logs and checkpoints never land in the repository."""
+default_root_dir, logs and checkpoints never land in the repository. What a test changes in this process (the
+environment, signal handlers, a process group an in-process run left) is put back after it, as Lightning's own
+suite does, so one test's DDP port, Ray's SIGINT handler or a leftover group never decides a later test."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,11 +17,33 @@ import torch
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 
+_RESTORED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
+                          if hasattr(signal, name))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_run(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     monkeypatch.chdir(tmp_path)
+    environment = dict(os.environ)
+    handlers = {signum: signal.getsignal(signum) for signum in _RESTORED_SIGNALS}
     yield
+    _destroy_leftover_process_group()
+    for signum, handler in handlers.items():
+        if signal.getsignal(signum) is not handler and handler is not None:
+            signal.signal(signum, handler)
+    if os.environ != environment:
+        os.environ.clear()
+        os.environ.update(environment)
+
+
+def _destroy_leftover_process_group() -> None:
+    """An in-process fit keeps its group for a later stage, as in Lightning; the next test starts without it
+    (a forked child would inherit it, and its store would hold the port that the environment still names)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def pytest_configure(config):

@@ -180,3 +180,17 @@ def test_a_transformers_model_is_refused_by_its_config_heads(capsys, tmp_path):
                    "--tp-plan", "megatron"])  # fmt: skip
     err = capsys.readouterr().err
     assert status == 2 and "--tp 3 does not divide the 4 attention heads (num_attention_heads)" in err, err
+
+
+def test_a_process_that_already_has_a_process_group_is_told_to_plan_without_one(tmp_path):
+    """A notebook that fitted in-process keeps its group; planning there would fork ranks that inherit it."""
+    from trainer.plan.hardware import load_profile
+    from trainer.plan.planner import plan_job
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match=r"needs a process without a torch.distributed process group.*"
+                                               r"rank 0 of 1.*destroy_process_group"):
+            plan_job(plan_lm.job("fsdp", 2), load_profile("h100"))
+    finally:
+        torch.distributed.destroy_process_group()

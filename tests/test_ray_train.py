@@ -22,7 +22,13 @@ STEPS, EVERY = 16, 5  # checkpoints at steps 5, 10, 15; the injected failure at 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray cluster of 2 CPUs whose workers import this tree and the test scripts."""
+    """A local Ray cluster of 2 CPUs whose workers import this tree and the test scripts. ``ray.init`` sets RAY_*
+    variables and a SIGTERM handler in this process (and each ``TorchTrainer.fit`` a SIGINT one that aborts its
+    run); all are put back afterwards, or a later test's signal would reach a shut-down cluster."""
+    import signal
+
+    environment = dict(os.environ)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     paths = [str(Path(__file__).resolve().parents[1]), str(SCRIPTS), str(SCRIPTS.parent)]
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([saved] if saved else []))
@@ -30,10 +36,10 @@ def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-    if saved is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = saved
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 @pytest.fixture(scope="module")

@@ -62,13 +62,22 @@ class RankResult:
     step: StepMeasure
 
 
+def _refuse_an_existing_process_group() -> None:
+    """A fake rank replaces the default process group, so the process must not have one already (a RuntimeError, not
+    a ConfigurationError: no layout would be accepted, so none is passed over for it)."""
+    if dist.is_available() and dist.is_initialized():
+        raise RuntimeError(
+            f"trainer plan needs a process without a torch.distributed process group, and this one has one (rank "
+            f"{dist.get_rank()} of {dist.get_world_size()}, e.g. left by an in-process fit). Run `trainer plan` from "
+            "a shell, or call it before init_process_group() or after torch.distributed.destroy_process_group().")
+
+
 @contextlib.contextmanager
 def fake_process_group(world: int, rank: int) -> Iterator[None]:
     """The default process group is torch's ``fake`` backend (collectives do nothing) of ``world`` ranks, as ``rank``."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if dist.is_initialized():
-        raise RuntimeError("trainer plan runs its fake ranks in a process without a process group.")
+    _refuse_an_existing_process_group()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         yield
@@ -166,6 +175,7 @@ def plan_rank_isolated(spec: JobSpec, rank: int) -> RankResult:
 
     from trainer.strategies.errors import ConfigurationError
 
+    _refuse_an_existing_process_group()  # a forked child would inherit it
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
 

@@ -5,7 +5,6 @@ suite does, so one test's DDP port, Ray's SIGINT handler or a leftover group nev
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -17,24 +16,15 @@ import torch
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 
-_RESTORED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
-                          if hasattr(signal, name))
-
-
 @pytest.fixture(autouse=True)
 def _isolated_run(tmp_path, monkeypatch):
+    from helpers import restored_process_state
+
     torch.set_num_threads(1)
     monkeypatch.chdir(tmp_path)
-    environment = dict(os.environ)
-    handlers = {signum: signal.getsignal(signum) for signum in _RESTORED_SIGNALS}
-    yield
-    _destroy_leftover_process_group()
-    for signum, handler in handlers.items():
-        if signal.getsignal(signum) is not handler and handler is not None:
-            signal.signal(signum, handler)
-    if os.environ != environment:
-        os.environ.clear()
-        os.environ.update(environment)
+    with restored_process_state():
+        yield
+        _destroy_leftover_process_group()
 
 
 def _destroy_leftover_process_group() -> None:

@@ -1,7 +1,10 @@
 """Small models and data shared by the tests."""
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import os
+import signal
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -74,3 +77,24 @@ class Crash(Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if trainer.fit_loop.progress.total_batches == self.after_batches:
             raise RuntimeError("simulated crash")
+
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
+                     if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def restored_process_state(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Puts back this process's environment and the handlers of ``signals`` as they were on entry (a run in the
+    pytest process, or a library such as Ray, may change both and leave them for every later test)."""
+    environment = dict(os.environ)
+    handlers = {signum: signal.getsignal(signum) for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            if handler is not None and signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+        if os.environ != environment:
+            os.environ.clear()
+            os.environ.update(environment)

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import restored_process_state
 from launching import SCRIPTS, run, trainer_command
 
 ray = pytest.importorskip("ray", reason="Ray Train tests need ray (pip install 'trainer[ray]')")
@@ -25,21 +27,14 @@ def ray_cluster():
     """A local Ray cluster of 2 CPUs whose workers import this tree and the test scripts. ``ray.init`` sets RAY_*
     variables and a SIGTERM handler in this process (and each ``TorchTrainer.fit`` a SIGINT one that aborts its
     run); all are put back afterwards, or a later test's signal would reach a shut-down cluster."""
-    import signal
-
-    environment = dict(os.environ)
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     paths = [str(Path(__file__).resolve().parents[1]), str(SCRIPTS), str(SCRIPTS.parent)]
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([saved] if saved else []))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
-    os.environ.clear()
-    os.environ.update(environment)
+    with restored_process_state((signal.SIGINT, signal.SIGTERM)):
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([saved] if saved else []))
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        yield
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -115,13 +115,14 @@ assert torch.allclose(torch.jit.load(sys.argv[1])(x), model(x))
 def test_torch_jit_script_works_after_fit_and_to_torchscript_before(tmp_path):
     """In a fresh process: once any test has used torch.compile, dynamo's patched ``nn.Module.__init__`` stays in
     the pytest process and TorchScript then fails on every module's ``super().__init__()``, ours or not."""
-    import subprocess
     import sys
     from pathlib import Path
 
-    done = subprocess.run([sys.executable, "-c", _JIT_SCRIPT, str(tmp_path / "model.pt")], capture_output=True,
-                          text=True, timeout=120, cwd=Path(__file__).parent)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    from launching import run
+    from test_ddp_processes import clean_env
+
+    run([sys.executable, "-c", _JIT_SCRIPT, str(tmp_path / "model.pt")], timeout=120, env=clean_env(),
+        cwd=Path(__file__).parent)  # fmt: skip
 
 
 def test_to_torchscript_keeps_each_submodule_mode():
